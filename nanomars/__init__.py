@@ -1,0 +1,1 @@
+"""nanoMARS: the smallest complete implementation of MARS (Mask AutoRegression)."""
