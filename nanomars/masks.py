@@ -1,0 +1,80 @@
+"""
+Every attention mask of nanoMARS, written by hand over index grids. True = the query (row) may attend
+the key (column). The model takes these as they are; nothing else decides who sees whom.
+
+The MARS training input is one sequence of length 2L: [clean x_0..x_{L-1} | noisy n_0..n_{L-1}], where the
+noisy stream has MASK in place of response tokens. Block index k(t) = t // B. See MARS_SPEC.md section 2.
+"""
+import torch
+
+
+def causal_mask(T, valid=None, device=None):
+    """Ordinary causal mask (T, T). With valid (B, T) bool (False = padding), keys that are padding are
+    hidden too -> (B, T, T); every query still sees itself so no row is empty (SDPA would give NaN)."""
+    q = torch.arange(T, device=device)[:, None]
+    k = torch.arange(T, device=device)[None, :]
+    mask = k <= q  # (T, T)
+    if valid is None:
+        return mask
+    return (mask & valid[:, None, :]) | (k == q)  # (B, T, T)
+
+
+def _dual_track_grid(L, block_size, device=None):
+    # for each of the 2L rows/cols of [clean | noisy]: is it noisy, its position t, its block k(t)
+    i = torch.arange(2 * L, device=device)
+    noisy, t = i >= L, i % L
+    blk = t // block_size
+    return (noisy[:, None], t[:, None], blk[:, None]), (noisy[None, :], t[None, :], blk[None, :])
+
+
+def mars_train_mask(L, block_size, device=None):
+    """The MARS dual-track mask (2L, 2L):
+    clean t -> clean s  iff s <= t                     (ordinary causal)
+    noisy t -> noisy s  iff k(s) == k(t) and s <= t    (causal, only inside its own block)
+    noisy t -> clean s  iff k(s) <  k(t)               (all clean tokens of earlier blocks)
+    clean t -> noisy s  never"""
+    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, device)
+    clean_clean = ~qn & ~kn & (kt <= qt)
+    noisy_noisy = qn & kn & (kk == qk) & (kt <= qt)
+    noisy_clean = qn & ~kn & (kk < qk)
+    return clean_clean | noisy_noisy | noisy_clean
+
+
+def block_diffusion_mask(L, block_size, device=None):
+    """The paper's BD3LM-style ablation: like mars_train_mask, but a noisy token sees EVERY noisy token of
+    its block, later ones included. That breaks the left-to-right attention of AR (gap 2 of the spec)."""
+    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, device)
+    clean_clean = ~qn & ~kn & (kt <= qt)
+    noisy_noisy = qn & kn & (kk == qk)
+    noisy_clean = qn & ~kn & (kk < qk)
+    return clean_clean | noisy_noisy | noisy_clean
+
+
+def decode_mask(start, T, S, valid=None):
+    """Mask (B, T, S) for T new tokens per row written at cache slots start[b] .. start[b]+T-1, attending
+    the first S cache slots: slot s is visible to new token i iff s <= start[b] + i, i.e. everything the
+    row has cached plus the new tokens up to itself. Stale slots beyond that are hidden. With valid
+    (B, S) bool, slots marked False (e.g. left padding) are hidden too."""
+    q_slot = start[:, None, None] + torch.arange(T, device=start.device)[None, :, None]  # (B, T, 1)
+    k_slot = torch.arange(S, device=start.device)[None, None, :]  # (1, 1, S)
+    mask = k_slot <= q_slot
+    if valid is not None:
+        mask = (mask & valid[:, None, :]) | (k_slot == q_slot)
+    return mask
+
+
+def render_mask(mask, L=None, rows=None):
+    """Text picture of a (T, S) mask, as drawn in MARS_SPEC.md. With L given it is a dual-track mask and
+    rows/cols are labelled C0..C{L-1} | N0..N{L-1}. `rows` optionally selects which query rows to print."""
+    T, S = mask.shape
+    names = [f"C{i}" for i in range(L)] + [f"N{i}" for i in range(L)] if L else [str(i) for i in range(S)]
+
+    def line(label, cells):  # cells right-aligned under 2-wide column names; " |" splits clean | noisy
+        cells = [c.rjust(2) for c in cells]
+        body = " ".join(cells) if not L else " ".join(cells[:L]) + " | " + " ".join(cells[L:])
+        return f"    {label:<8}" + body
+
+    lines = [line("", names)]
+    for r in rows if rows is not None else range(T):
+        lines.append(line(names[r], ["1" if mask[r, c] else "." for c in range(S)]))
+    return "\n".join(lines)

@@ -1,0 +1,210 @@
+"""
+The one decoder of nanoMARS: a Qwen2-shaped transformer, small enough to read top to bottom.
+
+Notable features (all needed to load real Qwen2.5 checkpoints with the same code):
+- RMSNorm computed in float32
+- rotary position embeddings (RoPE) in the half-split `rotate_half` layout, driven by EXPLICIT position
+  ids: MARS gives a noisy token the same position as its clean twin, so positions != indices
+- grouped-query attention (n_kv_head <= n_head), optional q/k/v bias
+- SwiGLU MLP, optional tied input/output embeddings
+- ONE attention path that takes an explicit boolean mask (True = may attend); the masks themselves
+  (causal, MARS dual-track, decode) are built by hand in masks.py. The same path serves training,
+  AR decoding, MARS decoding and Qwen2.5.
+- a KV cache with per-row lengths; new K/V are written at given slots (gpt-fast style), so stale
+  entries beyond a row's length are simply masked and later overwritten.
+MARS adds NO parameters: the model is an ordinary AR decoder; only the inputs and masks change.
+"""
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    vocab_size: int = 2048
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int = 2
+    n_embd: int = 128
+    intermediate_size: int = 352
+    max_seq_len: int = 512
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    qkv_bias: bool = True
+    tie_embeddings: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**d)
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
+            raise ValueError(f"need n_embd % n_head == 0 and n_head % n_kv_head == 0, got "
+                             f"n_embd={self.n_embd}, n_head={self.n_head}, n_kv_head={self.n_kv_head}")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32 (bf16 has too few mantissa bits for the mean of squares), as Qwen2 does
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rotate_half(x):
+    # half-split layout: (x1, x2) -> (-x2, x1), pairing dim i with dim i + d/2 (Hugging Face Qwen2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(pos, inv_freq, dtype):
+    # pos: (B, T) long -> cos, sin: (B, 1, T, hs), computed in float32 then cast like Qwen2
+    freqs = pos[..., None].float() * inv_freq  # (B, T, hs/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, hs)
+    return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
+
+
+class KVCache:
+    """Per-layer K/V buffers (n_layer, B, n_kv_head, max_len, head_dim) plus each row's length.
+    `lengths[b]` counts the slots of row b that hold K/V of REAL tokens; the decoder advances it.
+    Anything written beyond it (e.g. K/V of mask tokens) is masked out and overwritten later."""
+
+    def __init__(self, config, batch_size, max_len, device, dtype):
+        hs = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, hs)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.max_len = max_len
+
+    def update(self, layer, k, v, slots, n_keys):
+        # k, v: (B, H_kv, T, hs) written at slots (B, T); returns the first n_keys slots of the layer
+        idx = slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, idx, k)
+        self.v[layer].scatter_(2, idx, v)
+        return self.k[layer, :, :, :n_keys], self.v[layer, :, :, :n_keys]
+
+
+class Attention(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.layer = layer
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=False)
+        self.use_sdpa = True  # False: the plain matmul-softmax path below, for readers (tests compare)
+
+    def forward(self, x, cos, sin, mask, cache=None, slots=None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:  # keys/values now span the cache slots the mask talks about: (B, nkv, S, hs)
+            k, v = cache.update(self.layer, k, v, slots, mask.shape[-1])
+        mask = mask[:, None] if mask.dim() == 3 else mask  # (B, 1, T, S) or (T, S): broadcast over heads
+        if self.use_sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                               enable_gqa=self.n_kv_head != self.n_head)
+        else:
+            rep = self.n_head // self.n_kv_head  # each kv head serves `rep` query heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, nh, S, hs)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = att @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = Attention(config, layer)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, mask, cache=None, slots=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, slots)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("inv_freq", self.rope_inv_freq(), persistent=False)
+        self.grad_checkpointing = False  # recompute each block in backward: trades compute for memory
+
+    def rope_inv_freq(self):
+        hs = self.config.n_embd // self.config.n_head
+        return 1.0 / self.config.rope_theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs)
+
+    def init_weights(self):
+        # GPT-2 style normal(0.02) init; also (re)computes the RoPE buffer, e.g. after to_empty() from meta
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+            if isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+        self.inv_freq = self.rope_inv_freq().to(self.embed.weight.device)
+
+    def forward(self, idx, pos, mask, cache=None, slots=None):
+        """idx, pos: (B, T) token and position ids; mask: (B, T, S) or (T, S) bool, True = query t may
+        attend key s, where the keys are the T inputs themselves (S = T) or, with a cache, its first S
+        slots after this step's K/V were written at `slots` (B, T). Returns float32 logits (B, T, V)."""
+        if idx.shape != pos.shape:
+            raise ValueError(f"idx {tuple(idx.shape)} and pos {tuple(pos.shape)} must have the same shape")
+        if int(pos.max()) >= self.config.max_seq_len:
+            raise ValueError(f"position {int(pos.max())} is past the context of {self.config.max_seq_len} "
+                             "tokens: shorten the prompt or max_new_tokens")
+        x = self.embed(idx)  # (B, T, C)
+        cos, sin = rope_cos_sin(pos, self.inv_freq, x.dtype)
+        for block in self.blocks:
+            if self.grad_checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, mask, cache, slots)
+        return self.lm_head(self.norm(x)).float()  # (B, T, V)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once
+
+    def set_attention(self, use_sdpa: bool):
+        for block in self.blocks:
+            block.attn.use_sdpa = use_sdpa

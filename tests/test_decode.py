@@ -1,0 +1,126 @@
+import pytest
+import torch
+
+from conftest import random_model
+from nanomars.checkpoint import load_checkpoint, save_checkpoint
+from nanomars.decode import accept, ar_decode, mars_decode, show_spans
+from nanomars.masks import causal_mask
+from nanomars.tasks import held_out_split
+
+MASK = 96
+
+
+def reference_greedy(model, prompt, n):
+    """The slowest possible greedy AR: a full causal forward per token, nothing shared with decode.py."""
+    ids = list(prompt)
+    for _ in range(n):
+        T = len(ids)
+        logits = model(torch.tensor([ids]), torch.arange(T)[None], causal_mask(T))
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_ar_decode_equals_reference_greedy(use_cache):
+    model = random_model()
+    prompt = [5, 17, 3, 44, 2]
+    assert ar_decode(model, prompt, 30, use_cache=use_cache).tokens == reference_greedy(model, prompt, 30)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("block_size", [2, 4, 8])
+def test_tau_one_is_greedy_ar_on_a_random_model(use_cache, block_size):
+    model = random_model(seed=block_size)
+    prompt = [5, 17, 3, 44, 2, 9]
+    out = mars_decode(model, prompt, 40, MASK, block_size, tau=1.0, use_cache=use_cache)
+    assert out.tokens == ar_decode(model, prompt, 40).tokens
+    assert out.forwards == 40 and all(len(s) == 1 for s in out.spans)
+
+
+def test_tau_one_is_greedy_ar_on_a_trained_model(tok, trained):
+    for ex in held_out_split(3):
+        prompt = tok.prompt_ids(ex["messages"][:1])
+        ar = ar_decode(trained, prompt, 48, tok.stop_ids)
+        for use_cache in (True, False):
+            out = mars_decode(trained, prompt, 48, tok.mask_id, 4, 1.0, tok.stop_ids, use_cache)
+            assert out.tokens == ar.tokens and out.forwards == ar.forwards
+
+
+def test_trained_model_accepts_several_tokens_and_cache_changes_nothing(tok, trained):
+    total_tokens = total_forwards = 0
+    for ex in held_out_split(3):
+        prompt = tok.prompt_ids(ex["messages"][:1])
+        for tau in (0.9, 0.5):
+            cached = mars_decode(trained, prompt, 48, tok.mask_id, 4, tau, tok.stop_ids, use_cache=True)
+            uncached = mars_decode(trained, prompt, 48, tok.mask_id, 4, tau, tok.stop_ids, use_cache=False)
+            assert cached.tokens == uncached.tokens and cached.spans == uncached.spans
+            assert sum(cached.spans, []) == cached.tokens
+            total_tokens, total_forwards = total_tokens + len(cached.tokens), total_forwards + cached.forwards
+    assert total_tokens / total_forwards > 1.2  # several tokens per forward do happen
+
+
+def test_cached_equals_uncached_for_low_tau_on_a_random_model():
+    model = random_model()
+    for tau in (0.05, 0.02, 0.01):  # a random model is unsure: only a low tau accepts extra tokens
+        a = mars_decode(model, [1, 2, 3], 40, MASK, 4, tau, use_cache=True)
+        b = mars_decode(model, [1, 2, 3], 40, MASK, 4, tau, use_cache=False)
+        assert a.spans == b.spans
+    assert a.forwards < 40
+
+
+def test_accept_stops_at_first_failure_and_tau_one_keeps_one():
+    logits = torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 0.0], [10.0, 0.0]])  # conf ~1, 0.5, ~1 after y_0
+    assert accept(logits, 0.9) == [0, 0]  # mask 2 fails (0.5) -> mask 3 is never looked at
+    assert accept(logits, 0.4) == [0, 0, 0, 0]
+    sure = torch.tensor([[0.0, 200.0], [0.0, 200.0]])  # softmax rounds to exactly 1.0 in float32
+    assert accept(sure, 1.0) == [1]
+
+
+def test_stops_at_eos_and_respects_the_budget():
+    model = random_model()
+    free = mars_decode(model, [1, 2, 3], 30, MASK, 4, 0.01)
+    stop = free.tokens[7]
+    out = mars_decode(model, [1, 2, 3], 30, MASK, 4, 0.01, stop_ids={stop})
+    assert out.tokens == free.tokens[:free.tokens.index(stop) + 1]
+    assert len(mars_decode(model, [1, 2, 3], 5, MASK, 4, 0.01).tokens) == 5
+
+
+def test_show_spans_brackets_each_forward(tok):
+    spans = [tok.encode("Hello"), tok.encode(" world") + [tok.eos_id]]
+    assert show_spans(tok, spans) == "[Hello][ world]"
+    assert "\x1b[" in show_spans(tok, spans, color=True)
+
+
+def test_bad_inputs_give_clear_errors(tmp_path):
+    model = random_model(max_seq_len=32)
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+        mars_decode(model, [1], 4, MASK, block_size=0)
+    for tau in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=r"tau must be in \(0, 1\]"):
+            mars_decode(model, [1], 4, MASK, tau=tau)
+    with pytest.raises(ValueError, match="exceeds the model context of 32 tokens"):
+        mars_decode(model, list(range(30)), 4, MASK)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        ar_decode(model, [], 4)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(str(tmp_path / "missing.pt"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="cannot read checkpoint"):
+        load_checkpoint(str(tmp_path / "junk.pt"))
+
+
+def test_checkpoint_round_trip_and_compile_prefix(tmp_path):
+    model = random_model()
+    path = str(tmp_path / "m.pt")
+    save_checkpoint(path, model, None, 7, {"block_size": 4})
+    loaded, ckpt = load_checkpoint(path)
+    assert ckpt["step"] == 7 and ckpt["args"]["block_size"] == 4
+    assert not list(tmp_path.glob("*.tmp*"))  # the temp file was renamed away
+    x = torch.tensor([[1, 2, 3]])
+    mask = causal_mask(3)
+    assert torch.equal(loaded(x, torch.arange(3)[None], mask), model(x, torch.arange(3)[None], mask))
+    # a checkpoint written from a torch.compile'd model has '_orig_mod.' keys: they load too
+    ckpt["model"] = {"_orig_mod." + k: v for k, v in ckpt["model"].items()}
+    torch.save(ckpt, path)
+    loaded, _ = load_checkpoint(path)
+    assert torch.equal(loaded(x, torch.arange(3)[None], mask), model(x, torch.arange(3)[None], mask))

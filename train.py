@@ -1,0 +1,222 @@
+"""
+Train nanoMARS in two stages (MARS_SPEC.md section 2):
+  python train.py --stage ar      # stage 1: AR-SFT from scratch (or --init_from a Qwen2.5 folder)
+  python train.py --stage mars    # stage 2: MARS dual-track fine-tuning, starting from stage 1
+Checkpoints: out/ar.pt and out/mars.pt (self-describing, atomic); --resume continues a stage.
+With --init_from <Hugging Face folder> the run also writes out/<stage>_hf/, loadable by transformers.
+Several GPUs: torchrun --standalone --nproc_per_node=N train.py ... (DistributedDataParallel).
+"""
+import argparse
+import contextlib
+import math
+import os
+import random
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from nanomars.checkpoint import load_checkpoint, save_checkpoint
+from nanomars.dual_track import ar_loss, collate, dual_track_loss
+from nanomars.model import Config, Decoder
+from nanomars.tasks import read_jsonl, held_out_split, train_examples
+from nanomars.tokenizer import load_default_tokenizer
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--stage", choices=["ar", "mars"], default="ar")
+p.add_argument("--out_dir", default="out")
+p.add_argument("--init_from", default=None, help="stage ar: 'scratch' (default) or a Hugging Face folder; "
+               "stage mars: a .pt checkpoint (default out_dir/ar.pt) or a Hugging Face folder")
+p.add_argument("--resume", action="store_true", help="continue this stage from out_dir/<stage>.pt")
+p.add_argument("--data", default=None, help="a JSONL of {'messages': [...]} (default: the built-in task suite)")
+p.add_argument("--n_train", type=int, default=20000, help="examples drawn from the built-in suite")
+p.add_argument("--max_len", type=int, default=512, help="examples longer than this are dropped")
+# the method
+p.add_argument("--block_size", type=int, default=4)
+p.add_argument("--alpha", type=float, default=1.0, help="weight of the clean-stream (AR) loss; 0 = no SFT loss")
+p.add_argument("--bidirectional", action="store_true", help="block-diffusion mask (the paper's BD3LM ablation)")
+# optimisation
+p.add_argument("--max_iters", type=int, default=None, help="default: 500 (ar) / 250 (mars)")
+p.add_argument("--batch_size", type=int, default=32)
+p.add_argument("--grad_accum", type=int, default=1)
+p.add_argument("--lr", type=float, default=None, help="default: 2e-3 (ar) / 1e-3 (mars)")
+p.add_argument("--warmup", type=int, default=20)
+p.add_argument("--weight_decay", type=float, default=0.01)
+p.add_argument("--grad_clip", type=float, default=1.0)
+p.add_argument("--eval_interval", type=int, default=100)
+p.add_argument("--eval_batches", type=int, default=4)
+# model shape, used only from scratch
+p.add_argument("--n_layer", type=int, default=4)
+p.add_argument("--n_embd", type=int, default=128)
+p.add_argument("--n_head", type=int, default=4)
+p.add_argument("--n_kv_head", type=int, default=2)
+p.add_argument("--intermediate_size", type=int, default=352)
+# system
+p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+p.add_argument("--grad_checkpointing", action="store_true")
+p.add_argument("--compile", action="store_true")
+p.add_argument("--seed", type=int, default=1337)
+args = p.parse_args()
+args.max_iters = args.max_iters or (500 if args.stage == "ar" else 250)
+args.lr = args.lr or (2e-3 if args.stage == "ar" else 1e-3)
+if args.block_size < 1:
+    p.error(f"--block_size must be >= 1, got {args.block_size}")
+
+# -------------------------------------------------------------------------------------------- setup
+ddp = "RANK" in os.environ  # launched by torchrun
+if ddp:
+    dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.device.startswith("cuda"):
+        args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(args.device)
+else:
+    rank, world = 0, 1
+master = rank == 0
+torch.manual_seed(args.seed + rank)
+device_type = "cuda" if args.device.startswith("cuda") else "cpu"
+autocast = (torch.autocast(device_type, dtype=torch.bfloat16) if device_type == "cuda"
+            else contextlib.nullcontext())
+os.makedirs(args.out_dir, exist_ok=True)
+ckpt_path = os.path.join(args.out_dir, f"{args.stage}.pt")
+
+
+def is_hf_folder(path):
+    return path is not None and os.path.isdir(path)
+
+
+# ---------------------------------------------------------------------------------- model + tokenizer
+init_from = args.init_from or ("scratch" if args.stage == "ar" else os.path.join(args.out_dir, "ar.pt"))
+hf_folder, step, opt_state = None, 0, None
+if args.resume:
+    model, ckpt = load_checkpoint(ckpt_path, args.device)
+    step, opt_state, hf_folder = ckpt["step"], ckpt["optimizer"], ckpt["args"].get("hf_folder")
+elif init_from == "scratch":
+    tok = load_default_tokenizer()
+    model = Decoder(Config(vocab_size=tok.vocab_size, n_layer=args.n_layer, n_embd=args.n_embd,
+                           n_head=args.n_head, n_kv_head=args.n_kv_head,
+                           intermediate_size=args.intermediate_size, max_seq_len=args.max_len))
+    model.init_weights()
+elif is_hf_folder(init_from):
+    from nanomars.qwen import load_qwen
+    model, _ = load_qwen(init_from, device=args.device, dtype=torch.float32)  # fp32 master weights
+    hf_folder = init_from
+else:
+    model, ckpt = load_checkpoint(init_from, args.device)  # e.g. stage 2 starts from stage 1
+    hf_folder = ckpt["args"].get("hf_folder")
+if hf_folder:
+    from nanomars.qwen import load_qwen_tokenizer
+    tok = load_qwen_tokenizer(hf_folder)
+else:
+    tok = load_default_tokenizer()
+model = model.to(args.device)
+model.grad_checkpointing = args.grad_checkpointing
+if master:
+    print(f"stage {args.stage}: {model.num_params() / 1e6:.2f}M parameters from {init_from}, "
+          f"block_size {args.block_size}, alpha {args.alpha}, device {args.device}, world {world}")
+
+# ------------------------------------------------------------------------------------------- data
+def render(examples):
+    rendered = [tok.render(ex["messages"]) for ex in examples]
+    return [r for r in rendered if len(r[0]) + args.block_size <= args.max_len]
+
+
+if args.data:
+    train_set = render(read_jsonl(args.data))
+    random.Random(args.seed).shuffle(train_set)
+    n_val = max(1, len(train_set) // 50)  # hold out 2% of the user's data for the loss curve
+    val_set, train_set = train_set[:n_val], train_set[n_val:]
+else:
+    train_set = render(train_examples(args.n_train, seed=args.seed))
+    val_set = render(held_out_split())
+if not train_set:
+    raise SystemExit(f"no training example fits --max_len {args.max_len}")
+
+
+def get_batch(data, gen):
+    idx = torch.randint(len(data), (args.batch_size,), generator=gen)
+    return collate([data[i] for i in idx], args.block_size, tok.eos_id, args.device)
+
+
+def compute_loss(model, batch):
+    """Returns (loss, {name: value}) for this stage."""
+    x, response, targets = batch
+    with autocast:
+        if args.stage == "ar":
+            loss = ar_loss(model, x, targets)
+            return loss, {"ar": loss.item()}
+        loss, noisy, clean = dual_track_loss(model, x, response, targets, args.block_size, tok.mask_id,
+                                             args.alpha, args.bidirectional)
+    return loss, {"noisy": noisy.item(), "clean": clean.item()}
+
+
+@torch.no_grad()
+def evaluate():
+    model.eval()
+    gen = torch.Generator().manual_seed(0)  # the same held-out batches every time
+    totals = {}
+    for _ in range(args.eval_batches):
+        for k, v in compute_loss(raw_model, get_batch(val_set, gen))[1].items():
+            totals[k] = totals.get(k, 0.0) + v / args.eval_batches
+    model.train()
+    return totals
+
+
+def lr_at(it):  # linear warmup, then cosine decay to 10%
+    if it < args.warmup:
+        return args.lr * (it + 1) / args.warmup
+    frac = (it - args.warmup) / max(1, args.max_iters - args.warmup)
+    return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+# ------------------------------------------------------------------------------------------- train
+decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices decay; norms and biases do not
+no_decay = [p for p in model.parameters() if p.dim() < 2]
+optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+if opt_state:
+    optimizer.load_state_dict(opt_state)
+raw_model = model
+if args.compile:
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model)
+ckpt_args = {**vars(args), "hf_folder": hf_folder}
+
+
+def save():
+    save_checkpoint(ckpt_path, raw_model, optimizer, step, ckpt_args)
+    if hf_folder:
+        from nanomars.qwen import save_qwen
+        save_qwen(raw_model, os.path.join(args.out_dir, f"{args.stage}_hf"), tokenizer_folder=hf_folder)
+
+
+gen = torch.Generator().manual_seed(args.seed * 1000 + rank + step)  # each rank draws its own batches
+model.train()
+t0, start_step = time.perf_counter(), step
+while step < args.max_iters:
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step)
+    for micro in range(args.grad_accum):
+        # DDP: all-reduce gradients only on the last micro-step
+        sync = contextlib.nullcontext() if not ddp or micro == args.grad_accum - 1 else model.no_sync()
+        with sync:
+            loss, parts = compute_loss(model, get_batch(train_set, gen))
+            (loss / args.grad_accum).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    step += 1
+    if master and (step % 10 == 0 or step == 1):
+        dt = (time.perf_counter() - t0) / (step - start_step)
+        print(f"step {step:5d} | loss {loss.item():.4f} | " +
+              " | ".join(f"{k} {v:.4f}" for k, v in parts.items()) + f" | lr {lr_at(step - 1):.2e} | {dt:.3f} s/step")
+    if step % args.eval_interval == 0 or step == args.max_iters:
+        if master:
+            print(f"eval  {step:5d} | held-out " + " | ".join(f"{k} {v:.4f}" for k, v in evaluate().items()))
+            save()
+if master:
+    print(f"done: {step - start_step} steps in {time.perf_counter() - t0:.1f} s -> {ckpt_path}")
+if ddp:
+    dist.destroy_process_group()
