@@ -8,6 +8,7 @@ Several GPUs: torchrun --standalone --nproc_per_node=N train.py ... (Distributed
 """
 import argparse
 import contextlib
+import hashlib
 import math
 import os
 import random
@@ -81,35 +82,42 @@ os.makedirs(args.out_dir, exist_ok=True)
 ckpt_path = os.path.join(args.out_dir, f"{args.stage}.pt")
 
 
-def is_hf_folder(path):
-    return path is not None and os.path.isdir(path)
-
-
 # ---------------------------------------------------------------------------------- model + tokenizer
 init_from = args.init_from or ("scratch" if args.stage == "ar" else os.path.join(args.out_dir, "ar.pt"))
-hf_folder, step, opt_state = None, 0, None
-if args.resume:
-    model, ckpt = load_checkpoint(ckpt_path, args.device)
-    step, opt_state, hf_folder = ckpt["step"], ckpt["optimizer"], ckpt["args"].get("hf_folder")
-elif init_from == "scratch":
-    tok = load_default_tokenizer()
-    model = Decoder(Config(vocab_size=tok.vocab_size, n_layer=args.n_layer, n_embd=args.n_embd,
-                           n_head=args.n_head, n_kv_head=args.n_kv_head,
-                           intermediate_size=args.intermediate_size, max_seq_len=args.max_len))
-    model.init_weights()
-elif is_hf_folder(init_from):
-    from nanomars.qwen import load_qwen
-    model, _ = load_qwen(init_from, device=args.device, dtype=torch.float32)  # fp32 master weights
-    hf_folder = init_from
-else:
-    model, ckpt = load_checkpoint(init_from, args.device)  # e.g. stage 2 starts from stage 1
-    hf_folder = ckpt["args"].get("hf_folder")
-if hf_folder:
-    from nanomars.qwen import load_qwen_tokenizer
-    tok = load_qwen_tokenizer(hf_folder)
-else:
-    tok = load_default_tokenizer()
+
+
+def load_model_and_tokenizer():
+    """Returns (model, tokenizer, hf_folder or None, step, optimizer state or None)."""
+    if args.resume:
+        model, ckpt = load_checkpoint(ckpt_path, args.device)
+        hf_folder = ckpt["args"].get("hf_folder")
+        step, opt_state = ckpt["step"], ckpt["optimizer"]
+    elif init_from == "scratch":
+        tok = load_default_tokenizer()
+        model = Decoder(Config(vocab_size=tok.vocab_size, n_layer=args.n_layer, n_embd=args.n_embd,
+                               n_head=args.n_head, n_kv_head=args.n_kv_head,
+                               intermediate_size=args.intermediate_size, max_seq_len=args.max_len))
+        model.init_weights()
+        return model, tok, None, 0, None
+    elif os.path.isdir(init_from):  # a Hugging Face folder (Qwen2.5 or a released MARS checkpoint)
+        from nanomars.qwen import load_qwen
+        model, tok = load_qwen(init_from, device=args.device, dtype=torch.float32)  # fp32 master weights
+        return model, tok, init_from, 0, None
+    else:  # a nanoMARS checkpoint, e.g. stage 2 starts from stage 1
+        model, ckpt = load_checkpoint(init_from, args.device)
+        hf_folder, step, opt_state = ckpt["args"].get("hf_folder"), 0, None
+    if hf_folder:
+        from nanomars.qwen import load_qwen_tokenizer
+        return model, load_qwen_tokenizer(hf_folder), hf_folder, step, opt_state
+    return model, load_default_tokenizer(), None, step, opt_state
+
+
+try:
+    model, tok, hf_folder, step, opt_state = load_model_and_tokenizer()
+except (ValueError, FileNotFoundError) as e:
+    raise SystemExit(f"error: {e}") from None
 model = model.to(args.device)
+args.max_len = min(args.max_len, model.config.max_seq_len)
 model.grad_checkpointing = args.grad_checkpointing
 if master:
     print(f"stage {args.stage}: {model.num_params() / 1e6:.2f}M parameters from {init_from}, "
@@ -217,5 +225,7 @@ while step < args.max_iters:
             save()
 if master:
     print(f"done: {step - start_step} steps in {time.perf_counter() - t0:.1f} s -> {ckpt_path}")
-if ddp:
+if ddp:  # every rank must hold the same weights: DDP averaged the same gradients into each
+    weights = b"".join(p.detach().float().cpu().numpy().tobytes() for p in raw_model.parameters())
+    print(f"rank {rank}: weights sha256 {hashlib.sha256(weights).hexdigest()[:16]}")
     dist.destroy_process_group()

@@ -1,0 +1,81 @@
+"""train.py end to end as a user runs it: both stages, resume, DistributedDataParallel on 2 CPU processes
+(gloo), and fine-tuning a Hugging Face Qwen2 folder into a folder transformers can load."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nanomars.checkpoint import load_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--n_kv_head", "1", "--intermediate_size", "64",
+        "--batch_size", "4", "--n_train", "200", "--eval_interval", "3", "--eval_batches", "1", "--device", "cpu"]
+
+
+def run(args, launcher=(sys.executable,)):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*launcher, os.path.join(ROOT, "train.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_two_stages_and_resume(tmp_path):
+    out = str(tmp_path)
+    log = run(["--stage", "ar", "--max_iters", "3", "--out_dir", out, *TINY])
+    assert "held-out ar" in log
+    log = run(["--stage", "mars", "--max_iters", "3", "--out_dir", out, *TINY])
+    assert "held-out noisy" in log and "clean" in log
+    ar, _ = load_checkpoint(f"{out}/ar.pt")
+    mars, ckpt = load_checkpoint(f"{out}/mars.pt")
+    assert ckpt["step"] == 3 and ckpt["args"]["stage"] == "mars"
+    assert not torch.equal(ar.embed.weight, mars.embed.weight)  # stage 2 started from stage 1 and moved
+    run(["--stage", "mars", "--max_iters", "5", "--resume", "--out_dir", out, *TINY])
+    assert load_checkpoint(f"{out}/mars.pt")[1]["step"] == 5
+
+
+def test_bad_arguments_fail_clearly(tmp_path):
+    proc = subprocess.run([sys.executable, "train.py", "--block_size", "0"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0 and "--block_size must be >= 1" in proc.stderr
+    proc = subprocess.run([sys.executable, "train.py", "--stage", "mars", "--out_dir", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "no checkpoint at" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ddp_two_processes_end_with_identical_weights(tmp_path):
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+    log = run(["--stage", "ar", "--max_iters", "3", "--out_dir", str(tmp_path), *TINY], launcher)
+    digests = dict(re.findall(r"rank (\d): weights sha256 (\w+)", log))
+    assert set(digests) == {"0", "1"}, log
+    assert digests["0"] == digests["1"]
+
+
+def test_finetune_a_hugging_face_folder(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers loads the result as the reference")
+    from test_qwen import tiny_hf
+    from nanomars.qwen import load_qwen
+    tiny_hf(tmp_path / "hf", n_kv_head=2, tie=True)
+    data = tmp_path / "sft.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"add {i} {i}"},
+                                                       {"role": "assistant", "content": str(2 * i)}]})
+                              for i in range(60)))
+    out = str(tmp_path / "out")
+    common = ["--data", str(data), "--max_iters", "2", "--batch_size", "4", "--eval_interval", "2",
+              "--eval_batches", "1", "--lr", "1e-3", "--out_dir", out, "--device", "cpu"]
+    run(["--stage", "ar", "--init_from", str(tmp_path / "hf"), *common])
+    run(["--stage", "mars", *common])  # from out/ar.pt, still a Qwen2 model with its tokenizer
+    for stage in ("ar", "mars"):
+        ours, tok = load_qwen(f"{out}/{stage}_hf", device="cpu", dtype=torch.float32)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(f"{out}/{stage}_hf", dtype=torch.float32).eval()
+        idx = torch.tensor([tok.prompt_ids("add 3 3")])
+        T = idx.shape[1]
+        with torch.no_grad():
+            ref = hf(idx).logits
+        from nanomars.masks import causal_mask
+        assert torch.allclose(ours(idx, torch.arange(T)[None], causal_mask(T)), ref, atol=1e-4)
+    original, _ = load_qwen(tmp_path / "hf", device="cpu", dtype=torch.float32)
+    assert not torch.equal(original.embed.weight, ours.embed.weight)  # training changed the weights
