@@ -23,7 +23,8 @@ p.add_argument("--max_new_tokens", type=int, default=128)
 p.add_argument("--compare_ar", action="store_true", help="also decode with greedy AR and show the speedup")
 p.add_argument("--no_cache", action="store_true")
 p.add_argument("--brackets", action="store_true", help="mark spans with brackets even on a terminal")
-p.add_argument("--device", default="cpu")
+p.add_argument("--device", default="cuda" if torch.cuda.is_available() else
+               "mps" if torch.backends.mps.is_available() else "cpu")
 args = p.parse_args()
 torch.manual_seed(0)
 

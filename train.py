@@ -54,7 +54,8 @@ p.add_argument("--n_head", type=int, default=4)
 p.add_argument("--n_kv_head", type=int, default=2)
 p.add_argument("--intermediate_size", type=int, default=352)
 # system
-p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+p.add_argument("--device", default="cuda" if torch.cuda.is_available() else
+               "mps" if torch.backends.mps.is_available() else "cpu")
 p.add_argument("--grad_checkpointing", action="store_true")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--seed", type=int, default=1337)

@@ -76,3 +76,14 @@ def test_bad_config_errors():
     with pytest.raises(ValueError, match="past the context"):
         model = random_model(max_seq_len=8)
         forward_causal(model, torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    grads = []
+    for checkpointing in (False, True):
+        model = random_model().train()
+        model.grad_checkpointing = checkpointing
+        idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
+        forward_causal(model, idx).logsumexp(-1).mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
