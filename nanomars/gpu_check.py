@@ -1,0 +1,279 @@
+"""
+One prepared GPU check, meant to be run once on a GPU (an H200: a few minutes in all):
+  python -m nanomars.gpu_check                          # cuda, Qwen2.5-0.5B shape
+  python -m nanomars.gpu_check --small --device cpu     # the same code on a tiny shape, in seconds
+1. parity: a tiny random transformers Qwen2 vs our load_qwen, bf16 and float32 logits on the device, and
+   greedy 32-token generations (HF generate vs our ar_decode and mars_decode at tau = 1).
+2. train: MARS dual-track step vs AR step on a random model of Qwen2.5-0.5B's shape, bf16 autocast over
+   float32 AdamW master weights as train.py does: step time, tokens/s, peak memory, MFU.
+3. decode: AR vs MARS (tau 0.95, block 4) with the KV cache, the same weights cast to bf16.
+Prints a compact report and writes it as JSON to --out.
+"""
+import argparse
+import json
+import os
+import tempfile
+import time
+import traceback
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .decode import ar_decode, mars_decode
+from .dual_track import ar_loss, collate, dual_track_loss
+from .masks import causal_mask, mars_train_mask
+from .model import Config, Decoder
+
+BLOCK = 4
+QWEN05 = Config(vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2, n_embd=896, intermediate_size=4864,
+                max_seq_len=1024, rope_theta=1e6, tie_embeddings=True)
+TINY = Config(vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, intermediate_size=128,
+              max_seq_len=256, rope_theta=1e6, tie_embeddings=True)
+
+
+def sync(device):
+    # GPU kernels run asynchronously: wait for them before reading the clock
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def timed(fn, device, warmup, iters):
+    """Mean seconds per call of fn after `warmup` untimed calls (first-call allocations, kernel choice)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / iters
+
+
+# ------------------------------------------------------------------------------------- 1. parity
+def tiny_hf_folder(transformers, folder):
+    """A tiny random Qwen2 saved as a Hugging Face folder, with a 256-byte tokenizer.json (<|mask|> = 259)."""
+    from .qwen import bytes_to_unicode
+    torch.manual_seed(0)
+    # initializer_range 0.2: decisive argmaxes, so bf16 rounding cannot flip greedy generation on a near-tie
+    config = transformers.Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                      initializer_range=0.2)
+    hf = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():  # HF inits biases / norms to 0 / 1: randomize them so parity covers them
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(folder)
+    chars = bytes_to_unicode()
+    added = [{"id": 256 + i, "content": s, "special": True}
+             for i, s in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])]
+    tokenizer = {"model": {"type": "BPE", "vocab": {chars[b]: b for b in range(256)}, "merges": []},
+                 "added_tokens": added}
+    with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer, f)
+
+
+@torch.no_grad()
+def parity(device, n_new=32):
+    try:
+        import transformers
+    except ImportError:
+        return {"skipped": "transformers is not installed"}
+    from .qwen import load_qwen
+    transformers.utils.logging.disable_progress_bar()  # keep the report compact
+    out = {}
+    with tempfile.TemporaryDirectory() as folder:
+        tiny_hf_folder(transformers, folder)
+        idx = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(1)).to(device)
+        for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            hf = transformers.Qwen2ForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+            ours, tok = load_qwen(folder, device, dtype=dtype)
+            pos = torch.arange(idx.shape[1], device=device).expand_as(idx)
+            diff = (ours(idx, pos, causal_mask(idx.shape[1], device=device)) - hf(idx).logits.float()).abs().max()
+            prompt = idx[:1, :8]
+            ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n_new,
+                              min_new_tokens=n_new, do_sample=False, pad_token_id=0)[0, 8:].tolist()
+            ar = ar_decode(ours, prompt[0].tolist(), n_new).tokens
+            mars = mars_decode(ours, prompt[0].tolist(), n_new, tok.mask_id, BLOCK, tau=1.0).tokens
+            out[name] = {"max_abs_logit_diff": diff.item(), "ar_equals_hf": ar == ref, "mars_tau1_equals_hf": mars == ref}
+    return out
+
+
+# -------------------------------------------------------------------------------------- 2. train
+def random_batch(config, batch, seq, device):
+    """Random ids with a fake response mask: the first seq/8 tokens are prompt, the rest response.
+    The last id is kept out of the data and serves as the mask token."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size - 1, (batch, seq), generator=g).tolist()
+    n_prompt = seq // 8
+    examples = [(row, [0] * n_prompt + [1] * (seq - n_prompt)) for row in ids]
+    return collate(examples, BLOCK, eos_id=0, device=device)  # seq % BLOCK == 0: no padding added
+
+
+def train_flops(config, n_params, batch, seq):
+    # per processed token: 6N for the matmuls over all N weights (the tied embedding is counted once: it is
+    # the lm_head matmul; the lookup is free) + 12 * n_layer * n_embd * seq for attention scores and
+    # values (QK^T and AV, 2 * 2 * seq * n_embd forward per layer, x3 with backward), counting the full
+    # seq x seq score matrix as nanoGPT/PaLM do (a dense masked kernel computes every score)
+    return (6 * n_params + 12 * config.n_layer * config.n_embd * seq) * batch * seq
+
+
+def sdpa_backends(config, seq, device):
+    """Which SDPA kernels take the MARS training attention call (bf16, GQA, boolean (2L, 2L) mask)?
+    If only math does, every layer materializes the full score matrix: that explains a low MFU."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    hs = config.n_embd // config.n_head
+    q = torch.randn(1, config.n_head, seq, hs, device=device, dtype=torch.bfloat16, requires_grad=True)
+    kv = torch.randn(1, config.n_kv_head, seq, hs, device=device, dtype=torch.bfloat16)
+    mask = mars_train_mask(seq // 2, BLOCK, device=device)
+    ok = {}
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        try:
+            with warnings.catch_warnings(), sdpa_kernel(getattr(SDPBackend, name)):
+                warnings.simplefilter("ignore")  # each refusing kernel warns why: the bool says enough
+                F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
+            ok[name.lower()] = True
+        except Exception:  # RuntimeError "No available kernel", or any refusal
+            ok[name.lower()] = False
+    return ok
+
+
+def train(model, device, batch, seq, peak_flops, warmup=2, iters=5):
+    x, response, targets = random_batch(model.config, batch, seq, device)
+    mask_id = model.config.vocab_size - 1
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # as train.py: matrices decay, the rest do not
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95))
+    losses = {"mars": lambda: dual_track_loss(model, x, response, targets, BLOCK, mask_id)[0],
+              "ar": lambda: ar_loss(model, x, targets)}
+    processed = {"mars": 2 * seq, "ar": seq}  # MARS feeds [clean | noisy]: twice the sequence
+    model.train()
+    out = {"batch": batch, "seq": seq, "tokens_per_step": batch * seq,
+           "note": "tokens/s counts the batch*seq real tokens per step for both (MARS processes 2x that)",
+           "sdpa_backends_for_mars_mask": sdpa_backends(model.config, 2 * seq, device)}
+    for name, loss_fn in losses.items():
+        def step():
+            with torch.autocast(device.type, dtype=torch.bfloat16):  # bf16 compute, float32 master weights
+                loss = loss_fn()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":  # the peak still counts the fp32 weights, grads and AdamW state
+            torch.cuda.reset_peak_memory_stats(device)
+        dt = timed(step, device, warmup, iters)
+        flops = train_flops(model.config, model.num_params(), batch, processed[name])
+        cuda = device.type == "cuda"
+        out[name] = {"step_s": dt, "tokens_per_s": batch * seq / dt, "processed_seq": processed[name],
+                     "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+                     "mfu": flops / dt / peak_flops if cuda else None}
+    out["mars_over_ar_step_time"] = out["mars"]["step_s"] / out["ar"]["step_s"]
+    opt.zero_grad(set_to_none=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------- 3. decode
+@torch.no_grad()
+def decode(model, device, n_prompt=64, n_new=128, tau=0.95):
+    model.to(torch.bfloat16).eval()
+    model.inv_freq = model.rope_inv_freq().to(device)  # .to(bf16) cast the RoPE buffer too: keep it float32
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, model.config.vocab_size - 1, (n_prompt,), generator=g).tolist()
+    runs = {"ar": lambda n: ar_decode(model, prompt, n),
+            "mars": lambda n: mars_decode(model, prompt, n, model.config.vocab_size - 1, BLOCK, tau)}
+    out = {"prompt": n_prompt, "new_tokens": n_new, "tau": tau, "block": BLOCK,
+           "note": "random weights are rarely confident, so MARS accepts ~1 token/forward: forwards/s is the fair per-forward figure"}
+    for name, run in runs.items():
+        run(8)  # warm-up: first-call allocations and kernel selection
+        sync(device)
+        t0 = time.perf_counter()
+        d = run(n_new)
+        sync(device)
+        dt = time.perf_counter() - t0
+        out[name] = {"tokens_per_s": len(d.tokens) / dt, "forwards_per_s": d.forwards / dt,
+                     "tokens_per_forward": d.tokens_per_forward, "seconds": dt}
+    for k in ("tokens_per_s", "forwards_per_s", "tokens_per_forward"):
+        out[f"mars_over_ar_{k}"] = out["mars"][k] / out["ar"][k]
+    return out
+
+
+# --------------------------------------------------------------------------------------- report
+def fmt(v, spec, unit=""):
+    return "n/a" if v is None else format(v, spec) + unit
+
+
+def print_parity(p):
+    if "skipped" in p:
+        print(f"parity  skipped: {p['skipped']}")
+    for name in ("bf16", "fp32"):
+        if name in p:
+            q = p[name]
+            print(f"parity  {name}: max|logit diff| {q['max_abs_logit_diff']:.2e} | greedy 32 tok == HF: "
+                  f"ar {q['ar_equals_hf']}, mars tau=1 {q['mars_tau1_equals_hf']}")
+
+
+def print_train(t):
+    for name in ("mars", "ar"):
+        s = t[name]
+        print(f"train   {name:4s} {t['batch']}x{t['seq']} (seq fed {s['processed_seq']}): {s['step_s'] * 1e3:8.1f} ms/step "
+              f"| {s['tokens_per_s']:9.0f} tok/s | peak {fmt(s['peak_mem_gib'], '.1f', ' GiB')} | MFU {fmt(s['mfu'], '.1%')}")
+    print(f"train   MARS/AR step time {t['mars_over_ar_step_time']:.2f}x  ({t['note']})")
+    print("train   SDPA kernels taking the MARS mask: " +
+          ", ".join(k for k, v in t["sdpa_backends_for_mars_mask"].items() if v))
+
+
+def print_decode(d):
+    for name in ("ar", "mars"):
+        s = d[name]
+        print(f"decode  {name:4s} {s['tokens_per_s']:7.1f} tok/s | {s['forwards_per_s']:7.1f} fwd/s | "
+              f"{s['tokens_per_forward']:.2f} tok/fwd")
+    print(f"decode  MARS/AR: tok/s {d['mars_over_ar_tokens_per_s']:.2f}x, fwd/s {d['mars_over_ar_forwards_per_s']:.2f}x, "
+          f"tok/fwd {d['mars_over_ar_tokens_per_forward']:.2f}x  ({d['note']})")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--small", action="store_true", help="tiny shape (2 layers, hidden 64, vocab 512, batch 2x64)")
+    ap.add_argument("--out", default="out/gpu_check.json")
+    ap.add_argument("--peak_flops", type=float, default=790e12, help="bf16 FLOP/s that MFU is measured against (H200 SXM datasheet, dense: 989e12)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    config, batch, seq = (TINY, 2, 64) if args.small else (QWEN05, 8, 512)
+    r = {"device": str(device), "torch": torch.__version__, "shape": "tiny" if args.small else "qwen2.5-0.5b",
+         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type}
+    print(f"device {r['device']} ({r['device_name']}), torch {r['torch']}, shape {r['shape']}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+
+    def section(name, printer, fn, *fn_args):
+        # one run on a borrowed GPU: a failing section is recorded and the next still runs, and the JSON
+        # is rewritten after every section so a timeout still leaves what was measured
+        try:
+            r[name] = fn(*fn_args)
+            printer(r[name])
+        except Exception as e:
+            traceback.print_exc()
+            r[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name:7s} ERROR {r[name]['error']}")
+        with open(args.out, "w") as f:
+            json.dump(r, f, indent=2)
+
+    section("parity", print_parity, parity, device)
+    torch.manual_seed(0)
+    with torch.device(device):  # build straight on the device: no 2 GB host copy
+        model = Decoder(config)
+    model.init_weights()
+    r["n_params"] = model.num_params()
+    section("train", print_train, train, model, device, batch, seq, args.peak_flops)
+    section("decode", print_decode, decode, model, device)
+    print(f"wrote {args.out}")
+    return r
+
+
+if __name__ == "__main__":
+    main()
