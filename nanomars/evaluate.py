@@ -37,7 +37,7 @@ def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64):
 
 def format_table(rows):
     """rows: {label: result of evaluate()} -> a text table, one column per family."""
-    families = list(next(iter(rows.values()))["accuracy"])
+    families = sorted(next(iter(rows.values()))["accuracy"], key=lambda f: (f == "all", f))  # "all" last
     head = f"{'decoder':<12}" + "".join(f"{f[:10]:>11}" for f in families) + f"{'tok/fwd':>9}{'seconds':>9}"
     lines = [head]
     for label, r in rows.items():
