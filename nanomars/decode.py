@@ -63,15 +63,54 @@ def forward_new(model, tokens, cache, known):
     return model(idx, slots, decode_mask(start, len(tokens), int(start[0]) + len(tokens)), cache, slots)[0]
 
 
+def propose(logits, temperature=0.0, top_k=None, generator=None):
+    """Proposals y (..., B) and the distributions p (..., B, V) that gate them, from a window's logits
+    (..., B, V). temperature 0: y = argmax p, p = softmax(logits) (greedy). Else p = softmax(logits /
+    temperature) and y is sampled from p restricted to its top_k tokens; the gate still reads the
+    untruncated p (renormalised over one token, every top-1 proposal would look certain)."""
+    if temperature == 0:
+        p = logits.float().softmax(-1)
+        return p.max(-1).indices, p
+    logits = logits.float() / temperature
+    p = logits.softmax(-1)
+    q = p
+    if top_k is not None:  # everything below the k-th largest logit is out (multinomial renormalises)
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        q = p.masked_fill(logits < kth, 0.0)
+    y = torch.multinomial(q.flatten(0, -2), 1, generator=generator).view(p.shape[:-1])
+    return y, p
+
+
+METRICS = ("prob", "entropy", "margin")
+
+
+def gate(p, y, tau, metric="prob"):
+    """(..., B) bool: does proposal j pass on its own? tau is a float or broadcasts against (..., B).
+    prob: p_j[y_j] >= tau; entropy: H(p_j) <= tau; margin: top1 - top2 >= tau. tau = 1 (prob, margin)
+    or 0 (entropy) passes nothing: one token per forward, exactly AR (a softmax can round to exactly 1.0
+    in float32, so that case must not be left to the comparison)."""
+    if metric == "prob":
+        return (p.gather(-1, y[..., None])[..., 0] >= tau) & (tau < 1)
+    if metric == "entropy":
+        return (-(p * p.clamp_min(1e-30).log()).sum(-1) <= tau) & (tau > 0)
+    if metric == "margin":
+        top2 = p.topk(2, dim=-1).values
+        return (top2[..., 0] - top2[..., 1] >= tau) & (tau < 1)
+    raise ValueError(f"unknown acceptance metric {metric!r}; choose one of {METRICS}")
+
+
+def n_accepted(ok):
+    """ok: (..., B) bool per proposal -> (...,) how many are accepted: y_0 always, then y_1, y_2, ...
+    while they pass, stopping at the first failure (never skipping ahead)."""
+    ok = torch.cat([torch.ones_like(ok[..., :1]), ok[..., 1:]], -1)
+    return ok.long().cumprod(-1).sum(-1)
+
+
 def accept(logits, tau):
-    """Greedy proposals y_j with confidences q_j from the window's logits (B, V); keep y_0, then y_j while
-    q_j >= tau, stopping at the first failure. tau >= 1 keeps exactly one token (a softmax can round to
-    exactly 1.0 in float32, so tau = 1 must not be left to the comparison)."""
-    conf, y = logits.float().softmax(-1).max(-1)
-    n = 1
-    while n < len(y) and tau < 1.0 and conf[n] >= tau:
-        n += 1
-    return y[:n].tolist()
+    """Greedy proposals from the window's logits (B, V); keep y_0, then y_j while p_j[y_j] >= tau,
+    stopping at the first failure. tau >= 1 keeps exactly one token."""
+    y, p = propose(logits)
+    return y[:n_accepted(gate(p, y, tau))].tolist()
 
 
 @torch.no_grad()

@@ -1,0 +1,128 @@
+"""
+Batched decoding speed, side by side, on the held-out prompts of a trained model:
+  python bench.py             # batch sizes 1 4 8 16, every strategy: under a minute on an idle CPU
+  python bench.py --quick     # a smoke run, seconds
+Strategies: AR with KV cache (the baseline), MARS without a cache, MARS with the paper's block-level
+cache (B_cache 4/8/16/32), MARS with per-request caches, Jacobi decoding (greedy, exact; the same
+checkpoint decoded as the plain AR model it still is: no mask token is ever fed).
+Columns: tok/fwd = generated tokens / forwards that produced them, per row (the paper's count);
+fwd = model calls of the batch; tok/s = generated tokens / wall clock; xAR = wall clock of AR+cache on the
+same prompts / this strategy's, measured in the same run; acc = held-out accuracy (checked by program).
+Each batch of prompts is decoded by every strategy in turn, so machine noise hits all of them alike.
+Writes the table as JSON and a plot of xAR against batch size.
+"""
+import argparse
+import json
+import os
+import time
+from functools import partial
+
+import torch
+
+from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi
+from nanomars.checkpoint import load_checkpoint
+from nanomars.tasks import FAMILIES, check, held_out_split
+from nanomars.tokenizer import load_default_tokenizer
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--ckpt", default="out/mars.pt")
+p.add_argument("--tau", type=float, default=0.95)
+p.add_argument("--block_size", type=int, default=None, help="default: the checkpoint's training block size")
+p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 4, 8, 16])
+p.add_argument("--n_prompts", type=int, default=210, help="held-out prompts, mixed over the task families")
+p.add_argument("--max_new_tokens", type=int, default=64)
+p.add_argument("--out", default="out/bench", help="writes <out>.json and <out>.png")
+p.add_argument("--device", default="cpu")
+p.add_argument("--threads", type=int, default=1, help="CPU threads; 0: torch's default. 1 by default: on a busy "
+               "machine threads that wait for each other make every small forward many times slower")
+p.add_argument("--profile", action="store_true", help="also print torch.profiler's op table for AR+cache and "
+               "MARS per-request at the largest batch size")
+p.add_argument("--quick", action="store_true", help="smoke run: 16 prompts, batch sizes 1 and 8, 32 tokens")
+args = p.parse_args()
+if args.quick:
+    args.n_prompts, args.batch_sizes, args.max_new_tokens = 16, [1, 8], 32
+torch.manual_seed(0)
+if args.threads:
+    torch.set_num_threads(args.threads)
+
+model, ckpt = load_checkpoint(args.ckpt, args.device)
+model.eval()
+tok = load_default_tokenizer()
+B = args.block_size or ckpt["args"].get("block_size", 4)
+# prompts round-robin over the task families, so every batch mixes prompt and answer lengths
+k, F = -(-args.n_prompts // len(FAMILIES)), len(FAMILIES)
+split = held_out_split(k)  # k of each family, family after family
+examples = [split[f * k + i] for i in range(k) for f in range(F)][:args.n_prompts]
+prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in examples]
+
+mars = partial(batch_decode, mask_id=tok.mask_id, block_size=B, tau=args.tau, stop_ids=tok.stop_ids)
+strategies = {
+    "AR+cache": partial(batch_ar, stop_ids=tok.stop_ids),
+    "MARS no cache": partial(mars, cache=None),
+    **{f"MARS block {c}": partial(mars, cache="block", cache_block=c) for c in (4, 8, 16, 32)},
+    "MARS per-request": partial(mars, cache="request"),
+    "Jacobi": partial(batch_jacobi, window=B, stop_ids=tok.stop_ids),
+}
+
+results = []
+t_start = time.perf_counter()
+for bs in args.batch_sizes:
+    batches = [list(range(i, min(i + bs, len(prompts)))) for i in range(0, len(prompts), bs)]
+    for run in strategies.values():  # warm up every path at this shape
+        run(model, [prompts[i] for i in batches[0]], 8)
+    tot = {name: dict(tokens=0, row_forwards=0, forwards=0, seconds=0.0, correct=0) for name in strategies}
+    for rows in batches:
+        for name, run in strategies.items():
+            t0 = time.perf_counter()
+            out = run(model, [prompts[i] for i in rows], args.max_new_tokens)
+            t = tot[name]
+            t["seconds"] += time.perf_counter() - t0
+            t["tokens"] += out.tokens
+            t["row_forwards"] += sum(r.forwards for r in out.rows)
+            t["forwards"] += out.forwards
+            for i, r in zip(rows, out.rows):
+                t["correct"] += check(examples[i], tok.decode([x for x in r.tokens if x not in tok.stop_ids]))
+    for name, t in tot.items():
+        results.append(dict(strategy=name, batch_size=bs, tokens_per_forward=t["tokens"] / t["row_forwards"],
+                            batch_forwards=t["forwards"], tokens_per_s=t["tokens"] / t["seconds"],
+                            x_ar=tot["AR+cache"]["seconds"] / t["seconds"], accuracy=t["correct"] / len(prompts),
+                            tokens=t["tokens"], seconds=t["seconds"]))
+
+print(f"{args.ckpt}: {len(prompts)} held-out prompts, max_new_tokens {args.max_new_tokens}, block {B}, "
+      f"tau {args.tau}, {torch.get_num_threads()} threads, {time.perf_counter() - t_start:.0f} s")
+print(f"{'strategy':<18}{'batch':>6}{'tok/fwd':>9}{'fwd':>7}{'tok/s':>9}{'xAR':>7}{'acc':>7}")
+for r in results:
+    print(f"{r['strategy']:<18}{r['batch_size']:>6}{r['tokens_per_forward']:>9.2f}{r['batch_forwards']:>7}"
+          f"{r['tokens_per_s']:>9.0f}{r['x_ar']:>7.2f}{r['accuracy']:>7.3f}")
+
+if args.profile:  # where the time goes: model ops (mm, attention, elementwise) vs the loop's own ops
+    from torch.profiler import profile
+    bs = max(args.batch_sizes)
+    for name in ("AR+cache", "MARS per-request"):
+        with profile() as prof:
+            for i in range(0, len(prompts), bs):
+                strategies[name](model, prompts[i:i + bs], args.max_new_tokens)
+        print(f"\n{name}, batch {bs}:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+with open(args.out + ".json", "w") as f:
+    json.dump(dict(args=vars(args), block_size=B, results=results), f, indent=1)
+import matplotlib
+matplotlib.use("Agg")  # no display needed
+import matplotlib.pyplot as plt
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+for name in strategies:
+    rs = [r for r in results if r["strategy"] == name]
+    ax1.plot([r["batch_size"] for r in rs], [r["x_ar"] for r in rs], "o-", label=name)
+    ax2.plot([r["batch_size"] for r in rs], [r["tokens_per_s"] for r in rs], "o-", label=name)
+ax1.set(xscale="log", xlabel="batch size", ylabel="wall-clock speedup vs AR+cache", title=f"tau {args.tau}")
+ax2.set(xscale="log", xlabel="batch size", ylabel="tokens / s")
+for ax in (ax1, ax2):
+    ax.set_xticks(args.batch_sizes, [str(b) for b in args.batch_sizes])
+ax1.axhline(1.0, color="gray", lw=0.5)
+ax1.plot([4, 8, 16], [1.71, 1.60, 1.34], "k*", ms=10, label="paper: block cache, 7B GPU")
+ax1.legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(args.out + ".png", dpi=120)
+print(f"wrote {args.out}.json and {args.out}.png")
