@@ -41,7 +41,7 @@ p.add_argument("--bidirectional", action="store_true", help="block-diffusion mas
 p.add_argument("--max_iters", type=int, default=1200)
 p.add_argument("--batch_size", type=int, default=32)
 p.add_argument("--grad_accum", type=int, default=1)
-p.add_argument("--lr", type=float, default=None, help="default: 2e-3 (ar) / 1e-3 (mars)")
+p.add_argument("--lr", type=float, default=None, help="default: 2e-3 (ar) / 1e-3 (mars) from scratch; 5e-6 (the paper's) for Qwen2.5")
 p.add_argument("--warmup", type=int, default=20)
 p.add_argument("--weight_decay", type=float, default=0.01)
 p.add_argument("--grad_clip", type=float, default=1.0)
@@ -60,7 +60,6 @@ p.add_argument("--grad_checkpointing", action="store_true")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--seed", type=int, default=1337)
 args = p.parse_args()
-args.lr = args.lr or (2e-3 if args.stage == "ar" else 1e-3)
 if args.block_size < 1:
     p.error(f"--block_size must be >= 1, got {args.block_size}")
 
@@ -117,6 +116,7 @@ try:
     model, tok, hf_folder, step, opt_state = load_model_and_tokenizer()
 except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f"error: {e}") from None
+args.lr = args.lr or (5e-6 if hf_folder else 2e-3 if args.stage == "ar" else 1e-3)
 model = model.to(args.device)
 args.max_len = min(args.max_len, model.config.max_seq_len)
 model.grad_checkpointing = args.grad_checkpointing
@@ -131,7 +131,10 @@ def render(examples):
 
 
 if args.data:
-    train_set = render(read_jsonl(args.data))
+    try:
+        train_set = render(read_jsonl(args.data))
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None
     random.Random(args.seed).shuffle(train_set)
     n_val = max(1, len(train_set) // 50)  # hold out 2% of the user's data for the loss curve
     val_set, train_set = train_set[:n_val], train_set[n_val:]

@@ -44,6 +44,11 @@ def test_bad_arguments_fail_clearly(tmp_path):
     proc = subprocess.run([sys.executable, "train.py", "--stage", "mars", "--out_dir", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "no checkpoint at" in proc.stderr and "Traceback" not in proc.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": 3}\n')
+    proc = subprocess.run([sys.executable, "train.py", "--data", str(bad), "--out_dir", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "bad.jsonl, line 1" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_ddp_two_processes_end_with_identical_weights(tmp_path):
