@@ -200,3 +200,26 @@ def test_reference_greedy_agrees_on_long_padded_batches():
             T = len(ids)
             ids.append(int(model(torch.tensor([ids]), torch.arange(T)[None], causal_mask(T))[0, -1].argmax()))
         assert row.tokens == ids[len(prompt):]
+
+
+def test_bench_quick_writes_the_table(tok, trained, tmp_path):
+    """bench.py end to end on a small trained checkpoint: every strategy measured against AR in one run."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from nanomars.checkpoint import save_checkpoint
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    save_checkpoint(str(tmp_path / "m.pt"), trained, None, 0, {"block_size": 4})
+    proc = subprocess.run([sys.executable, "bench.py", "--quick", "--ckpt", str(tmp_path / "m.pt"),
+                           "--out", str(tmp_path / "bench")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    strategies = {r["strategy"] for r in results}
+    assert {"AR+cache", "MARS no cache", "MARS per-request", "Jacobi"} <= strategies
+    assert any(s.startswith("MARS block") for s in strategies)
+    for r in results:
+        assert r["tokens_per_forward"] >= 1 and r["tokens_per_s"] > 0
+        if r["strategy"] == "AR+cache":
+            assert r["x_ar"] == 1.0 and r["tokens_per_forward"] == 1.0
+    assert (tmp_path / "bench.png").stat().st_size > 0
