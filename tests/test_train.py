@@ -36,6 +36,12 @@ def test_two_stages_and_resume(tmp_path):
     assert not torch.equal(ar.embed.weight, mars.embed.weight)  # stage 2 started from stage 1 and moved
     run(["--stage", "mars", "--max_iters", "5", "--resume", "--out_dir", out, *TINY])
     assert load_checkpoint(f"{out}/mars.pt")[1]["step"] == 5
+    # the README's sample command on what was just trained: spans, stats, the AR comparison, per-row taus
+    sample = [sys.executable, "sample.py", "--ckpt", f"{out}/mars.pt", "--max_new_tokens", "8", "--brackets"]
+    log = subprocess.run([*sample, "--compare_ar"], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    assert "MARS (tau 0.9, block 4): [" in log and "tokens/forward" in log and "MARS vs AR:" in log
+    log = subprocess.run([*sample, "--taus", "1", "0.5"], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    assert "tau 1 " in log and "tau 0.5 " in log
 
 
 def test_bad_arguments_fail_clearly(tmp_path):
