@@ -53,21 +53,23 @@ def timed(fn, device, warmup, iters):
 
 
 # ------------------------------------------------------------------------------------- 1. parity
-def tiny_hf_folder(transformers, folder):
-    """A tiny random Qwen2 saved as a Hugging Face folder, with a 256-byte tokenizer.json (<|mask|> = 259)."""
+def tiny_hf_folder(transformers, folder, n_kv_head=2, tie=True, shard=False, seed=0):
+    """A tiny random Qwen2 saved as a Hugging Face folder (sharded on request), with a 256-byte
+    tokenizer.json (<|mask|> = 259). Returns the transformers model. The parity tests use it too."""
     from .qwen import bytes_to_unicode
-    torch.manual_seed(0)
-    # initializer_range 0.2: decisive argmaxes, so bf16 rounding cannot flip greedy generation on a near-tie
+    torch.manual_seed(seed)
+    # rope_theta != the 10000 default so a dropped theta would show; initializer_range 0.2: decisive
+    # argmaxes, so rounding cannot flip greedy generation on a near-tie
     config = transformers.Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                                      initializer_range=0.2)
-    hf = transformers.Qwen2ForCausalLM(config)
+                                      num_attention_heads=4, num_key_value_heads=n_kv_head,
+                                      max_position_embeddings=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                                      tie_word_embeddings=tie, initializer_range=0.2)
+    hf = transformers.Qwen2ForCausalLM(config).eval()
     with torch.no_grad():  # HF inits biases / norms to 0 / 1: randomize them so parity covers them
         for name, p in hf.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-    hf.save_pretrained(folder)
+    hf.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
     chars = bytes_to_unicode()
     added = [{"id": 256 + i, "content": s, "special": True}
              for i, s in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])]
@@ -75,6 +77,7 @@ def tiny_hf_folder(transformers, folder):
                  "added_tokens": added}
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:
         json.dump(tokenizer, f)
+    return hf
 
 
 @torch.no_grad()

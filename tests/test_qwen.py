@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from nanomars.decode import ar_decode, mars_decode
+from nanomars.gpu_check import tiny_hf_folder
 from nanomars.masks import causal_mask
 from nanomars.qwen import bytes_to_unicode, load_qwen, load_qwen_config, load_qwen_tokenizer, save_qwen
 from nanomars.tokenizer import QWEN_PATTERN
@@ -30,31 +31,9 @@ def to_unicode(b: bytes) -> str:
     return "".join(BYTE_CHARS[x] for x in b)
 
 
-def write_byte_tokenizer(folder):
-    """A minimal tokenizer.json: the 256 bytes (rank = byte) + 3 ChatML specials; <|mask|> gets id 259."""
-    added = [{"id": 256 + i, "content": s, "special": True} for i, s in enumerate(QWEN25_ADDED[:3])]
-    vocab = {to_unicode(bytes([b])): b for b in range(256)}
-    (folder / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab, "merges": []},
-                                                       "added_tokens": added}))
-
-
 def tiny_hf(folder, n_kv_head, tie, shard=False, seed=0):
     transformers = pytest.importorskip("transformers", reason="transformers is the reference implementation")
-    torch.manual_seed(seed)
-    # rope_theta != the 10000 default so a dropped theta would show; initializer_range 0.2 so the random
-    # model's argmax is decisive (no near-ties for rounding to flip during greedy generation)
-    config = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=n_kv_head,
-                                      max_position_embeddings=128, rope_theta=1e6, rms_norm_eps=1e-6,
-                                      tie_word_embeddings=tie, initializer_range=0.2)
-    hf = transformers.Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():  # HF inits biases and norms to 0 / 1: randomize so the test sees them
-        for name, p in hf.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    hf.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
-    write_byte_tokenizer(folder)
-    return hf
+    return tiny_hf_folder(transformers, folder, n_kv_head, tie, shard, seed)
 
 
 def our_logits(model, idx):
