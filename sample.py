@@ -15,6 +15,7 @@ import torch
 
 from nanomars.batch_decode import batch_ar, batch_decode, per_row_tau_demo
 from nanomars.checkpoint import load_checkpoint
+from nanomars.model import default_device
 from nanomars.decode import show_spans
 from nanomars.tokenizer import load_default_tokenizer
 
@@ -33,8 +34,7 @@ p.add_argument("--seed", type=int, default=0)
 p.add_argument("--compare_ar", action="store_true", help="also decode with greedy AR and show the speedup")
 p.add_argument("--no_cache", action="store_true")
 p.add_argument("--brackets", action="store_true", help="mark spans with brackets even on a terminal")
-p.add_argument("--device", default="cuda" if torch.cuda.is_available() else
-               "mps" if torch.backends.mps.is_available() else "cpu")
+p.add_argument("--device", default=default_device())
 args = p.parse_args()
 torch.manual_seed(args.seed)
 color = sys.stdout.isatty() and not args.brackets

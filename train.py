@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nanomars.checkpoint import load_checkpoint, save_checkpoint
 from nanomars.dual_track import ar_loss, collate, dual_track_loss
-from nanomars.model import Config, Decoder
+from nanomars.model import Config, Decoder, default_device
 from nanomars.tasks import read_jsonl, held_out_split, train_examples
 from nanomars.tokenizer import load_default_tokenizer
 
@@ -54,8 +54,7 @@ p.add_argument("--n_head", type=int, default=4)
 p.add_argument("--n_kv_head", type=int, default=2)
 p.add_argument("--intermediate_size", type=int, default=352)
 # system
-p.add_argument("--device", default="cuda" if torch.cuda.is_available() else
-               "mps" if torch.backends.mps.is_available() else "cpu")
+p.add_argument("--device", default=default_device())
 p.add_argument("--grad_checkpointing", action="store_true")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--seed", type=int, default=1337)

@@ -50,6 +50,12 @@ class Config:
                              f"n_embd={self.n_embd}, n_head={self.n_head}, n_kv_head={self.n_kv_head}")
 
 
+def default_device():
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
         super().__init__()

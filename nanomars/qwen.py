@@ -14,7 +14,7 @@ from pathlib import Path
 import tiktoken
 import torch
 
-from .model import Config, Decoder
+from .model import Config, Decoder, default_device
 from .safetensors_io import load_file, read_header, save_file
 from .tokenizer import QWEN_PATTERN, ChatTokenizer
 
@@ -76,12 +76,6 @@ def weight_files(folder):
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-
-
-def default_device():
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 def load_qwen(folder, device=None, dtype=None):
