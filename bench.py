@@ -11,7 +11,6 @@ same prompts / this strategy's, measured in the same run; acc = held-out accurac
 Each batch of prompts is decoded by every strategy in turn, so machine noise hits all of them alike.
 Writes the table as JSON and a plot of xAR against batch size.
 """
-import argparse
 import json
 import os
 import time
@@ -20,35 +19,38 @@ from functools import partial
 import torch
 
 from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi
-from nanomars.checkpoint import load_checkpoint
-from nanomars.tasks import FAMILIES, check, held_out_split
-from nanomars.tokenizer import load_default_tokenizer
+from nanomars.checkpoint import load_model
+from nanomars.cli import ArgumentParser, fail, nonneg_int, positive_int, tau_float
+from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, check, held_out_split
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument("--ckpt", default="out/mars.pt")
-p.add_argument("--tau", type=float, default=0.95)
-p.add_argument("--block_size", type=int, default=None, help="default: the checkpoint's training block size")
-p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 4, 8, 16])
-p.add_argument("--n_prompts", type=int, default=210, help="held-out prompts, mixed over the task families")
-p.add_argument("--max_new_tokens", type=int, default=64)
+p = ArgumentParser(__doc__)
+p.add_argument("--ckpt", default="out/mars.pt", help="a nanoMARS checkpoint or a Hugging Face folder")
+p.add_argument("--tau", type=tau_float, default=0.95)
+p.add_argument("--block_size", type=positive_int, default=None, help="default: the checkpoint's training block size")
+p.add_argument("--batch_sizes", type=positive_int, nargs="+", default=[1, 4, 8, 16])
+p.add_argument("--n_prompts", type=positive_int, default=210, help="held-out prompts, mixed over the task families")
+p.add_argument("--max_new_tokens", type=positive_int, default=64)
 p.add_argument("--out", default="out/bench", help="writes <out>.json and <out>.png")
 p.add_argument("--device", default="cpu")
-p.add_argument("--threads", type=int, default=1, help="CPU threads; 0: torch's default. 1 by default: on a busy "
-               "machine threads that wait for each other make every small forward many times slower")
+p.add_argument("--threads", type=nonneg_int, default=1, help="CPU threads; 0: torch's default. 1 by default: on a "
+               "busy machine threads that wait for each other make every small forward many times slower")
 p.add_argument("--profile", action="store_true", help="also print torch.profiler's op table for AR+cache and "
                "MARS per-request at the largest batch size")
 p.add_argument("--quick", action="store_true", help="smoke run: 16 prompts, batch sizes 1 and 8, 32 tokens")
 args = p.parse_args()
 if args.quick:
     args.n_prompts, args.batch_sizes, args.max_new_tokens = 16, [1, 8], 32
+if args.n_prompts > TEST_PER_FAMILY * len(FAMILIES):
+    fail(f"--n_prompts: the held-out split has {TEST_PER_FAMILY * len(FAMILIES)} prompts, asked for {args.n_prompts}")
 torch.manual_seed(0)
 if args.threads:
     torch.set_num_threads(args.threads)
 
-model, ckpt = load_checkpoint(args.ckpt, args.device)
-model.eval()
-tok = load_default_tokenizer()
-B = args.block_size or ckpt["args"].get("block_size", 4)
+try:
+    model, tok, trained_block, _ = load_model(args.ckpt, args.device)
+except (ValueError, FileNotFoundError) as e:
+    fail(str(e))
+B = args.block_size or trained_block
 # prompts round-robin over the task families, so every batch mixes prompt and answer lengths
 k, F = -(-args.n_prompts // len(FAMILIES)), len(FAMILIES)
 split = held_out_split(k)  # k of each family, family after family

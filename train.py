@@ -1,5 +1,5 @@
 """
-Train nanoMARS in two stages (MARS_SPEC.md section 2):
+Train nanoMARS in two stages (docs/mars.md explains the method):
   python train.py --stage ar      # stage 1: AR-SFT from scratch (or --init_from a Qwen2.5 folder)
   python train.py --stage mars    # stage 2: MARS dual-track fine-tuning, starting from stage 1
 Checkpoints: out/ar.pt and out/mars.pt (self-describing, atomic); --resume continues a stage.
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nanomars.checkpoint import load_checkpoint, save_checkpoint
+from nanomars.checkpoint import load_model, save_checkpoint
 from nanomars.dual_track import ar_loss, collate, dual_track_loss
 from nanomars.model import Config, Decoder, default_device
 from nanomars.tasks import read_jsonl, held_out_split, train_examples
@@ -87,28 +87,20 @@ init_from = args.init_from or ("scratch" if args.stage == "ar" else os.path.join
 
 def load_model_and_tokenizer():
     """Returns (model, tokenizer, hf_folder or None, step, optimizer state or None)."""
-    if args.resume:
-        model, ckpt = load_checkpoint(ckpt_path, args.device)
-        hf_folder = ckpt["args"].get("hf_folder")
-        step, opt_state = ckpt["step"], ckpt["optimizer"]
-    elif init_from == "scratch":
+    if init_from == "scratch" and not args.resume:
         tok = load_default_tokenizer()
         model = Decoder(Config(vocab_size=tok.vocab_size, n_layer=args.n_layer, n_embd=args.n_embd,
                                n_head=args.n_head, n_kv_head=args.n_kv_head,
                                intermediate_size=args.intermediate_size, max_seq_len=args.max_len))
         model.init_weights()
         return model, tok, None, 0, None
-    elif os.path.isdir(init_from):  # a Hugging Face folder (Qwen2.5 or a released MARS checkpoint)
-        from nanomars.qwen import load_qwen
-        model, tok = load_qwen(init_from, device=args.device, dtype=torch.float32)  # fp32 master weights
+    # resume this stage, or start from a checkpoint (stage 2 from stage 1) or a Hugging Face folder;
+    # float32 master weights whatever the file holds
+    model, tok, _, ckpt = load_model(ckpt_path if args.resume else init_from, args.device, torch.float32)
+    if ckpt is None:
         return model, tok, init_from, 0, None
-    else:  # a nanoMARS checkpoint, e.g. stage 2 starts from stage 1
-        model, ckpt = load_checkpoint(init_from, args.device)
-        hf_folder, step, opt_state = ckpt["args"].get("hf_folder"), 0, None
-    if hf_folder:
-        from nanomars.qwen import load_qwen_tokenizer
-        return model, load_qwen_tokenizer(hf_folder), hf_folder, step, opt_state
-    return model, load_default_tokenizer(), None, step, opt_state
+    hf_folder = ckpt["args"].get("hf_folder")
+    return (model, tok, hf_folder, ckpt["step"], ckpt["optimizer"]) if args.resume else (model, tok, hf_folder, 0, None)
 
 
 try:
@@ -181,10 +173,7 @@ def lr_at(it):  # linear warmup, then cosine decay to 10%
 
 
 # ------------------------------------------------------------------------------------------- train
-decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices decay; norms and biases do not
-no_decay = [p for p in model.parameters() if p.dim() < 2]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+optimizer = model.configure_optimizer(args.lr, args.weight_decay)
 if opt_state:
     optimizer.load_state_dict(opt_state)
 raw_model = model
@@ -199,7 +188,7 @@ def save():
     save_checkpoint(ckpt_path, raw_model, optimizer, step, ckpt_args)
     if hf_folder:
         from nanomars.qwen import save_qwen
-        save_qwen(raw_model, os.path.join(args.out_dir, f"{args.stage}_hf"), tokenizer_folder=hf_folder)
+        save_qwen(raw_model, os.path.join(args.out_dir, f"{args.stage}_hf"), source_folder=hf_folder)
 
 
 gen = torch.Generator().manual_seed(args.seed * 1000 + rank + step)  # each rank draws its own batches

@@ -1,6 +1,6 @@
 """
 Decoding a batch of prompts of any lengths at once, each row accepting its own number of tokens per
-forward (MARS_SPEC.md sections 4-5). One engine, one step:
+forward (docs/mars.md, "Decoding" and "Caches"). One engine, one step:
 
     every row feeds [its pending tokens | B-1 window tokens], left-aligned and padded to the step's width,
     at cache slots (= positions) starting from its own cache length; the mask is decode_mask(lengths, ...)
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import METRICS, Decoded, check_decode_args, gate, n_accepted, propose, show_spans
+from .decode import Decoded, check_decode_args, check_tau, gate, n_accepted, propose
 from .masks import decode_mask
 from .model import KVCache
 
@@ -92,8 +92,6 @@ class BatchEngine:
                  jacobi=False):
         if cache not in (None, "request", "block"):
             raise ValueError(f"cache must be None, 'request' or 'block', got {cache!r}")
-        if metric not in METRICS:
-            raise ValueError(f"unknown acceptance metric {metric!r}; choose one of {METRICS}")
         if block_size > 1 and mask_id is None and not jacobi:
             raise ValueError("MARS decoding (block_size > 1) needs the mask token id")
         if cache == "block" and cache_block < 1:
@@ -103,7 +101,7 @@ class BatchEngine:
         if not prompts:
             raise ValueError("no prompts to decode")
         for prompt in prompts:
-            check_decode_args(model, prompt, max_new_tokens, block_size)
+            check_decode_args(model, prompt, max_new_tokens, block_size, 1.0, metric)
         n, self.dev = len(prompts), model.embed.weight.device
         self.model, self.B, self.max_new = model, block_size, max_new_tokens
         self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.dev)
@@ -114,7 +112,7 @@ class BatchEngine:
         self.tau = torch.tensor([float(tau)] * n if isinstance(tau, (int, float)) else [float(t) for t in tau])
         if len(self.tau) != n:
             raise ValueError(f"got {len(self.tau)} taus for {n} prompts")
-        self.check_tau()
+        check_tau(self.tau, metric)
         self.out = BatchDecoded(rows=[Decoded() for _ in prompts])
         with torch.inference_mode():
             L = max(len(p) for p in prompts)
@@ -129,12 +127,6 @@ class BatchEngine:
             self.cache = KVCache(model.config, n, L + max_new_tokens + extra, self.dev,
                                  model.embed.weight.dtype) if cache else None
         self.t0 = time.perf_counter()
-
-    def check_tau(self):
-        lo, hi = (0.0, float("inf")) if self.metric == "entropy" else (0.0, 1.0)
-        if not ((self.tau >= lo) & (self.tau <= hi)).all() or (self.metric == "prob" and (self.tau == 0).any()):
-            raise ValueError(f"tau out of range for metric {self.metric!r}: {self.tau.tolist()} (prob: (0, 1], "
-                             "1 = exactly AR; margin: [0, 1], 1 = exactly AR; entropy: >= 0, 0 = exactly AR)")
 
     @property
     def done(self):
@@ -158,7 +150,7 @@ class BatchEngine:
         """One forward for every active row; returns the spans it accepted as {row: [ids]}."""
         if self.done:
             return {}
-        self.check_tau()
+        check_tau(self.tau, self.metric)  # engine.tau may have been changed between steps
         n, B, first = len(self.active), self.B, self.out.forwards == 0
         window = self.guesses if self.jacobi else self.pending.new_full((n, B - 1), self.mask_id)
         x, _ = splice(self.pending, self.n_pend, window, torch.full_like(self.n_pend, B - 1))  # (n, W)
@@ -232,16 +224,3 @@ def batch_jacobi(model, prompts, max_new_tokens, window=4, stop_ids=(), cache="r
     """Jacobi decoding of an AR model: each forward checks a window of guesses, accepts the converged
     prefix and takes the rest of its outputs as the next guesses. Exactly greedy AR's tokens."""
     return BatchEngine(model, prompts, max_new_tokens, None, window, 1.0, stop_ids, cache, jacobi=True).run()
-
-
-def per_row_tau_demo(model, tok, prompt, taus, block_size=4, max_new_tokens=128, color=False):
-    """One batch, the same prompt in every row, each row with its own tau: the real-time knob. Returns
-    the text to print: each row's spans and tokens/forward."""
-    ids = tok.prompt_ids(prompt)
-    out = batch_decode(model, [ids] * len(taus), max_new_tokens, tok.mask_id, block_size, taus, tok.stop_ids)
-    lines = [f"prompt: {prompt}"]
-    for tau, row in zip(taus, out.rows):
-        spans = show_spans(tok, row.spans, color)
-        lines.append(f"tau {tau:<5g} {row.tokens_per_forward:.2f} tokens/forward: {spans}")
-    lines.append(f"{out.tokens} tokens, {out.forwards} batch forwards, {out.seconds * 1000:.0f} ms")
-    return "\n".join(lines)

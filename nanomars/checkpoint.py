@@ -1,10 +1,15 @@
-"""Self-describing checkpoints (nanoGPT style), written atomically and read with weights_only=True."""
+"""
+Checkpoints: nanoMARS's own self-describing .pt files (nanoGPT style, written atomically, read with
+weights_only=True), and load_model, the ONE loader every script uses: a .pt checkpoint or a Hugging Face
+Qwen2.5 / MARS folder -> (model, tokenizer, block size, checkpoint dict).
+"""
 import os
 from dataclasses import asdict
 
 import torch
 
 from .model import Config, Decoder
+from .tokenizer import load_default_tokenizer
 
 
 def save_checkpoint(path, model, optimizer, step, args):
@@ -21,18 +26,67 @@ def save_checkpoint(path, model, optimizer, step, args):
 
 
 def load_checkpoint(path, device="cpu"):
-    """Returns (model, ckpt). Clear errors for a missing or unreadable file."""
+    """Returns (model, ckpt). The file is read on the CPU and only the weights move to `device` (a resumed
+    run's optimizer state stays on the CPU until the optimizer loads it). Every problem is one
+    ValueError / FileNotFoundError naming the file: missing, unreadable, not ours, or weights that do not
+    fit the config stored beside them."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py --stage ar) "
                                 "or pass the right path")
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"cannot read checkpoint {path} ({type(e).__name__}: {first_line}): the file is "
+                         "truncated or not a torch checkpoint; retrain or copy it again") from None
+    if not isinstance(ckpt, dict) or not {"model", "config"} <= set(ckpt):
         raise ValueError(f"{path} is not a nanoMARS checkpoint (expected a dict with 'model' and 'config')")
-    model = Decoder(Config.from_dict(ckpt["config"]))
+    try:
+        config = Config.from_dict(ckpt["config"])
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: bad model config: {e}") from None
+    with torch.device("meta"):  # names and shapes only: nothing random is built just to be overwritten
+        model = Decoder(config)
     # checkpoints saved from a torch.compile'd model carry an '_orig_mod.' prefix: strip it
     state = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
-    model.load_state_dict(state)
+    want = model.state_dict()
+    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if missing or unexpected:
+        raise ValueError(f"{path}: the weights do not match the config stored with them (missing "
+                         f"{missing[:3]}, unexpected {unexpected[:3]}); the file was edited or mixed up")
+    for k, v in state.items():
+        if v.shape != want[k].shape:
+            raise ValueError(f"{path}: weight {k} has shape {tuple(v.shape)} but the stored config "
+                             f"({config.n_layer} layers, width {config.n_embd}, vocab {config.vocab_size}) "
+                             f"needs {tuple(want[k].shape)}; the file was edited or mixed up")
+    model.load_state_dict(state, assign=True)
+    if config.tie_embeddings:  # assign=True replaced both Parameters: make them one again
+        model.lm_head.weight = model.embed.weight
+    model.inv_freq = model.rope_inv_freq()  # not in the checkpoint: computed, float32
     return model.to(device), ckpt
+
+
+def load_model(path, device="cpu", dtype=None):
+    """Any model nanoMARS can run -> (model, tokenizer, block_size, ckpt), model in eval mode.
+    path: a nanoMARS .pt checkpoint (its tokenizer is the built-in one, or that of the Hugging Face folder
+    it was fine-tuned from) or a Hugging Face Qwen2.5 / MARS folder (its own tokenizer). block_size is the
+    one the checkpoint was trained with (4 for a folder: the released MARS checkpoints' default).
+    ckpt is the checkpoint dict, None for a folder. Checks that every tokenizer id has an embedding row."""
+    if os.path.isdir(path):
+        from .qwen import load_qwen
+        model, tok = load_qwen(path, device=device, dtype=dtype)
+        return model, tok, 4, None
+    model, ckpt = load_checkpoint(path, device)
+    hf_folder = ckpt.get("args", {}).get("hf_folder")
+    if hf_folder:
+        from .qwen import load_qwen_tokenizer
+        tok = load_qwen_tokenizer(hf_folder)
+    else:
+        tok = load_default_tokenizer()
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"{path}: the model has {model.config.vocab_size} embedding rows but its tokenizer "
+                         f"({hf_folder or 'the built-in one, data/tokenizer.tiktoken'}) uses {tok.vocab_size} "
+                         "ids: this checkpoint was trained with another tokenizer")
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval(), tok, ckpt.get("args", {}).get("block_size", 4), ckpt

@@ -1,5 +1,5 @@
 """
-Decoding one sequence: greedy AR, and the MARS sliding window with threshold tau (MARS_SPEC.md sec. 4-5).
+Decoding one sequence: greedy AR, and the MARS sliding window with threshold tau (docs/mars.md, "Decoding").
 
 MARS step: known tokens x_0..x_{c-1}; one forward over [x_0..x_{c-1}, MASK x (B-1)] under a plain causal
 mask. The output at x_{c-1} proposes x_c (exactly AR's prediction), the output at mask j-1 proposes
@@ -33,11 +33,27 @@ class Decoded:
         return len(self.tokens) / max(1, self.forwards)
 
 
-def check_decode_args(model, prompt, max_new_tokens, block_size=1, tau=1.0):
+METRICS = ("prob", "entropy", "margin")
+
+
+def check_tau(tau, metric="prob"):
+    """tau: a float or a tensor of per-row taus; raises a ValueError saying the legal range."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown acceptance metric {metric!r}; choose one of {METRICS}")
+    t = torch.as_tensor(tau, dtype=torch.float32)
+    bad = {"prob": (t <= 0) | (t > 1), "margin": (t < 0) | (t > 1), "entropy": t < 0}[metric] | t.isnan()
+    if bad.any():
+        legal = {"prob": "(0, 1] (1 = one token per forward, exactly greedy AR)",
+                 "margin": "[0, 1] (1 = exactly greedy AR)", "entropy": ">= 0 (0 = exactly greedy AR)"}[metric]
+        raise ValueError(f"tau must be in {legal} for metric {metric!r}, got {t.tolist()}")
+
+
+def check_decode_args(model, prompt, max_new_tokens, block_size=1, tau=1.0, metric="prob"):
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-    if not 0.0 < tau <= 1.0:
-        raise ValueError(f"tau must be in (0, 1] (1 = one token per forward, exactly greedy AR), got {tau}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    check_tau(tau, metric)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty: give at least one token")
     need, ctx = len(prompt) + max_new_tokens + block_size - 1, model.config.max_seq_len
@@ -79,9 +95,6 @@ def propose(logits, temperature=0.0, top_k=None, generator=None):
         q = p.masked_fill(logits < kth, 0.0)
     y = torch.multinomial(q.flatten(0, -2), 1, generator=generator).view(p.shape[:-1])
     return y, p
-
-
-METRICS = ("prob", "entropy", "margin")
 
 
 def gate(p, y, tau, metric="prob"):

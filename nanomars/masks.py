@@ -3,20 +3,18 @@ Every attention mask of nanoMARS, written by hand over index grids. True = the q
 the key (column). The model takes these as they are; nothing else decides who sees whom.
 
 The MARS training input is one sequence of length 2L: [clean x_0..x_{L-1} | noisy n_0..n_{L-1}], where the
-noisy stream has MASK in place of response tokens. Block index k(t) = t // B. See MARS_SPEC.md section 2.
+noisy stream has MASK in place of response tokens. B is the block size; block index k(t) = t // B.
+docs/mars.md, section "The mask", explains the rules and draws the picture.
 """
 import torch
 
 
-def causal_mask(T, valid=None, device=None):
-    """Ordinary causal mask (T, T). With valid (B, T) bool (False = padding), keys that are padding are
-    hidden too -> (B, T, T); every query still sees itself so no row is empty (SDPA would give NaN)."""
+def causal_mask(T, device=None):
+    """Ordinary causal mask (T, T): query t sees keys 0..t. Batches are right-padded, so no real token
+    ever has padding on its left and one mask serves every row."""
     q = torch.arange(T, device=device)[:, None]
     k = torch.arange(T, device=device)[None, :]
-    mask = k <= q  # (T, T)
-    if valid is None:
-        return mask
-    return (mask & valid[:, None, :]) | (k == q)  # (B, T, T)
+    return k <= q  # (T, T)
 
 
 def _dual_track_grid(L, block_size, device=None):
@@ -50,21 +48,18 @@ def block_diffusion_mask(L, block_size, device=None):
     return clean_clean | noisy_noisy | noisy_clean
 
 
-def decode_mask(start, T, S, valid=None):
-    """Mask (B, T, S) for T new tokens per row written at cache slots start[b] .. start[b]+T-1, attending
-    the first S cache slots: slot s is visible to new token i iff s <= start[b] + i, i.e. everything the
-    row has cached plus the new tokens up to itself. Stale slots beyond that are hidden. With valid
-    (B, S) bool, slots marked False (e.g. left padding) are hidden too."""
-    q_slot = start[:, None, None] + torch.arange(T, device=start.device)[None, :, None]  # (B, T, 1)
+def decode_mask(start, T, S):
+    """Mask (N, T, S) for T new tokens per row written at cache slots start[n] .. start[n]+T-1, attending
+    the first S cache slots: slot s is visible to new token i iff s <= start[n] + i, i.e. everything the
+    row has cached plus the new tokens up to itself. Stale slots beyond that (K/V of masks fed by an
+    earlier step, or another row's longer window) are hidden. Without a cache start = 0: plain causal."""
+    q_slot = start[:, None, None] + torch.arange(T, device=start.device)[None, :, None]  # (N, T, 1)
     k_slot = torch.arange(S, device=start.device)[None, None, :]  # (1, 1, S)
-    mask = k_slot <= q_slot
-    if valid is not None:
-        mask = (mask & valid[:, None, :]) | (k_slot == q_slot)
-    return mask
+    return k_slot <= q_slot
 
 
 def render_mask(mask, L=None, rows=None):
-    """Text picture of a (T, S) mask, as drawn in MARS_SPEC.md. With L given it is a dual-track mask and
+    """Text picture of a (T, S) mask, as drawn in docs/mars.md. With L given it is a dual-track mask and
     rows/cols are labelled C0..C{L-1} | N0..N{L-1}. `rows` optionally selects which query rows to print."""
     T, S = mask.shape
     names = [f"C{i}" for i in range(L)] + [f"N{i}" for i in range(L)] if L else [str(i) for i in range(S)]

@@ -13,6 +13,8 @@ Notable features (all needed to load real Qwen2.5 checkpoints with the same code
 - a KV cache with per-row lengths; new K/V are written at given slots (gpt-fast style), so stale
   entries beyond a row's length are simply masked and later overwritten.
 MARS adds NO parameters: the model is an ordinary AR decoder; only the inputs and masks change.
+Letters in shape comments: N = batch rows, T = query tokens, S = keys, C = width, V = vocabulary.
+(B is kept for the MARS block size everywhere in nanoMARS; docs/mars.md explains the method.)
 """
 import math
 from dataclasses import dataclass, fields
@@ -76,14 +78,14 @@ def rotate_half(x):
 
 
 def rope_cos_sin(pos, inv_freq, dtype):
-    # pos: (B, T) long -> cos, sin: (B, 1, T, hs), computed in float32 then cast like Qwen2
-    freqs = pos[..., None].float() * inv_freq  # (B, T, hs/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, hs)
+    # pos: (N, T) long -> cos, sin: (N, 1, T, hs), computed in float32 then cast like Qwen2
+    freqs = pos[..., None].float() * inv_freq  # (N, T, hs/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (N, T, hs)
     return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
 
 
 class KVCache:
-    """Per-layer K/V buffers (n_layer, B, n_kv_head, max_len, head_dim) plus each row's length.
+    """Per-layer K/V buffers (n_layer, N, n_kv_head, max_len, head_dim) plus each row's length.
     `lengths[b]` counts the slots of row b that hold K/V of REAL tokens; the decoder advances it.
     Anything written beyond it (e.g. K/V of mask tokens) is masked out and overwritten later."""
 
@@ -93,10 +95,9 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.max_len = max_len
 
     def update(self, layer, k, v, slots, n_keys):
-        # k, v: (B, H_kv, T, hs) written at slots (B, T); returns the first n_keys slots of the layer
+        # k, v: (N, nkv, T, hs) written at slots (N, T); returns the first n_keys slots of the layer
         idx = slots[:, None, :, None].expand_as(k)
         self.k[layer].scatter_(2, idx, k)
         self.v[layer].scatter_(2, idx, v)
@@ -116,25 +117,25 @@ class Attention(nn.Module):
         self.use_sdpa = True  # False: the plain matmul-softmax path below, for readers (tests compare)
 
     def forward(self, x, cos, sin, mask, cache=None, slots=None):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        N, T, _ = x.shape
+        q = self.q_proj(x).view(N, T, self.n_head, self.head_dim).transpose(1, 2)  # (N, nh, T, hs)
+        k = self.k_proj(x).view(N, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (N, nkv, T, hs)
+        v = self.v_proj(x).view(N, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        if cache is not None:  # keys/values now span the cache slots the mask talks about: (B, nkv, S, hs)
+        if cache is not None:  # keys/values now span the cache slots the mask talks about: (N, nkv, S, hs)
             k, v = cache.update(self.layer, k, v, slots, mask.shape[-1])
-        mask = mask[:, None] if mask.dim() == 3 else mask  # (B, 1, T, S) or (T, S): broadcast over heads
+        mask = mask[:, None] if mask.dim() == 3 else mask  # (N, 1, T, S) or (T, S): broadcast over heads
         if self.use_sdpa:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                enable_gqa=self.n_kv_head != self.n_head)
         else:
             rep = self.n_head // self.n_kv_head  # each kv head serves `rep` query heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, nh, S, hs)
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (N, nh, S, hs)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (N, nh, T, S)
             att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-            y = att @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+            y = att @ v  # (N, nh, T, hs)
+        y = y.transpose(1, 2).reshape(N, T, self.n_head * self.head_dim)
         return self.o_proj(y)
 
 
@@ -190,26 +191,39 @@ class Decoder(nn.Module):
                 nn.init.ones_(m.weight)
         self.inv_freq = self.rope_inv_freq().to(self.embed.weight.device)
 
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() / .cuda() all come through here: let them move the RoPE frequencies but not
+        # round them (bf16 inv_freq would put every position's angle off by up to ~0.4%)
+        super()._apply(fn, recurse)
+        self.inv_freq = self.rope_inv_freq().to(self.inv_freq.device)
+        return self
+
     def forward(self, idx, pos, mask, cache=None, slots=None):
-        """idx, pos: (B, T) token and position ids; mask: (B, T, S) or (T, S) bool, True = query t may
+        """idx, pos: (N, T) token and position ids; mask: (N, T, S) or (T, S) bool, True = query t may
         attend key s, where the keys are the T inputs themselves (S = T) or, with a cache, its first S
-        slots after this step's K/V were written at `slots` (B, T). Returns float32 logits (B, T, V)."""
+        slots after this step's K/V were written at `slots` (N, T). Returns float32 logits (N, T, V).
+        Positions are not checked here (that would stall a GPU on every call): the decoders check the
+        prompt against max_seq_len before they start, train.py drops examples longer than the context."""
         if idx.shape != pos.shape:
             raise ValueError(f"idx {tuple(idx.shape)} and pos {tuple(pos.shape)} must have the same shape")
-        if int(pos.max()) >= self.config.max_seq_len:
-            raise ValueError(f"position {int(pos.max())} is past the context of {self.config.max_seq_len} "
-                             "tokens: shorten the prompt or max_new_tokens")
-        x = self.embed(idx)  # (B, T, C)
+        x = self.embed(idx)  # (N, T, C)
         cos, sin = rope_cos_sin(pos, self.inv_freq, x.dtype)
         for block in self.blocks:
             if self.grad_checkpointing and self.training:
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = block(x, cos, sin, mask, cache, slots)
-        return self.lm_head(self.norm(x)).float()  # (B, T, V)
+        return self.lm_head(self.norm(x)).float()  # (N, T, V)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once
+
+    def configure_optimizer(self, lr, weight_decay=0.01, betas=(0.9, 0.95)):
+        """AdamW with two groups: matrices (and the embedding) decay, norms and biases do not."""
+        decay = [p for p in self.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.dim() < 2]
+        return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                  {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas)
 
     def set_attention(self, use_sdpa: bool):
         for block in self.blocks:

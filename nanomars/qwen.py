@@ -112,12 +112,14 @@ def load_qwen(folder, device=None, dtype=None):
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_embeddings:  # assign=True replaced both Parameters: make them one again
         model.lm_head.weight = model.embed.weight
-    model.inv_freq = model.rope_inv_freq().to(device)  # non-persistent buffer: not in the checkpoint
+    model.inv_freq = model.rope_inv_freq().to(device)  # not in the checkpoint: computed, float32
     return model.eval(), tokenizer
 
 
-def save_qwen(model, folder, tokenizer_folder=None):
-    """Write config.json + model.safetensors in Hugging Face Qwen2 layout (loads here and in transformers)."""
+def save_qwen(model, folder, source_folder=None):
+    """Write config.json + model.safetensors in Hugging Face Qwen2 layout (loads here and in transformers).
+    source_folder: the folder the model was loaded from; its tokenizer files are copied and its model
+    type is kept (a released MARS checkpoint, "a2d-qwen2", stays one, with its architectures/auto_map)."""
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     c, folder = model.config, Path(folder)
     if not c.qkv_bias:
@@ -133,13 +135,16 @@ def save_qwen(model, folder, tokenizer_folder=None):
     state = {hf_key(k): v for k, v in model.state_dict().items()
              if not (c.tie_embeddings and k == "lm_head.weight")}  # tied: HF stores embed_tokens only
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})  # transformers wants "format"
+    if source_folder is not None:
+        source = json.loads((Path(source_folder) / "config.json").read_text())
+        config.update({k: source[k] for k in ("model_type", "architectures", "auto_map") if k in source})
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if tokenizer_folder is not None and Path(tokenizer_folder).resolve() != folder.resolve():
-        copied = [n for n in TOKENIZER_FILES if (Path(tokenizer_folder) / n).is_file()]
+    if source_folder is not None and Path(source_folder).resolve() != folder.resolve():
+        copied = [n for n in TOKENIZER_FILES if (Path(source_folder) / n).is_file()]
         if "tokenizer.json" not in copied and "vocab.json" not in copied:
-            raise FileNotFoundError(f"{tokenizer_folder}: no tokenizer.json or vocab.json to copy")
+            raise FileNotFoundError(f"{source_folder}: no tokenizer.json or vocab.json to copy")
         for n in copied:
-            shutil.copyfile(Path(tokenizer_folder) / n, folder / n)
+            shutil.copyfile(Path(source_folder) / n, folder / n)
 
 # -----------------------------------------------------------------------------
 # tokenizer: Qwen's byte-level BPE has rank == id, so its vocabulary IS a tiktoken rank table

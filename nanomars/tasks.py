@@ -216,7 +216,8 @@ def user_prompt(example) -> str:
 def held_out_split(n_per_family=TEST_PER_FAMILY) -> list[dict]:
     """The fixed held-out split (data/test.jsonl), identical on every machine. One rng per family, so
     a smaller split is a prefix of each family's items and stays held out too."""
-    assert n_per_family <= TEST_PER_FAMILY, f"training only holds out {TEST_PER_FAMILY} items per family"
+    if not 1 <= n_per_family <= TEST_PER_FAMILY:
+        raise ValueError(f"the held-out split has 1..{TEST_PER_FAMILY} prompts per family, asked for {n_per_family}")
     rngs = {f: random.Random(f"{TEST_SEED}-{f}") for f in FAMILIES}
     return [make_example(f, rngs[f]) for f in FAMILIES for _ in range(n_per_family)]
 

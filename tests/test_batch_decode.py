@@ -2,8 +2,7 @@ import pytest
 import torch
 
 from conftest import random_model
-from nanomars.batch_decode import (BatchEngine, batch_ar, batch_decode, batch_jacobi, per_row_tau_demo,
-                                   splice)
+from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_jacobi, splice
 from nanomars.decode import ar_decode, gate, mars_decode, propose
 from nanomars.masks import causal_mask
 from nanomars.tasks import held_out_split
@@ -117,8 +116,6 @@ def test_per_row_tau_is_a_real_time_knob(tok, trained):
     eng.run(on_step=turn_knob)
     assert all(len(s) == 1 for s in eng.out.rows[1].spans[2:])
     assert max(len(s) for s in eng.out.rows[0].spans[2:]) > 1
-    text = per_row_tau_demo(trained, tok, "Sort these words alphabetically: pear, apple, kiwi", [1.0, 0.7])
-    assert "tau 1" in text and "tau 0.7" in text and "batch forwards" in text
 
 
 @pytest.mark.parametrize("model_name", ["random", "trained"])
@@ -171,7 +168,7 @@ def test_exact_ar_settings_of_every_metric(tok, trained):
 
 def test_bad_inputs_give_clear_errors():
     model = random_model(max_seq_len=32)
-    with pytest.raises(ValueError, match=r"tau out of range"):
+    with pytest.raises(ValueError, match=r"tau must be in"):
         batch_decode(model, [[1]], 4, MASK, tau=1.5)
     with pytest.raises(ValueError, match="got 1 taus for 2 prompts"):
         batch_decode(model, [[1], [2]], 4, MASK, tau=[0.9])
@@ -185,7 +182,7 @@ def test_bad_inputs_give_clear_errors():
         batch_decode(model, [[1], list(range(30))], 4, MASK)
     eng = BatchEngine(model, [[1]], 4, MASK)
     eng.tau[0] = 0.0
-    with pytest.raises(ValueError, match="tau out of range"):
+    with pytest.raises(ValueError, match="tau must be in"):
         eng.step()
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from nanomars.gpu_check import QWEN05, main, train_flops
+from gpu_check import QWEN05, main, train_flops
 from nanomars.model import Decoder
 
 

@@ -3,7 +3,7 @@ import torch
 from conftest import random_model
 from nanomars.masks import block_diffusion_mask, causal_mask, decode_mask, mars_train_mask, render_mask
 
-# the picture in MARS_SPEC.md section 2, L=8, B=4
+# the picture in docs/mars.md, L=8, B=4
 SPEC_PICTURE = """\
             C0 C1 C2 C3 C4 C5 C6 C7 | N0 N1 N2 N3 N4 N5 N6 N7
     C0       1  .  .  .  .  .  .  . |  .  .  .  .  .  .  .  .
@@ -49,14 +49,6 @@ def test_block_diffusion_is_bidirectional_inside_a_block_only():
     blocks = torch.arange(L) // B
     assert torch.equal(bd[L:, L:], blocks[:, None] == blocks[None, :])
     assert torch.equal(bd[:, :L], mars[:, :L]) and torch.equal(bd[:L], mars[:L])
-
-
-def test_causal_mask_with_padding_hides_pads_but_never_empties_a_row():
-    valid = torch.tensor([[False, False, True, True], [True, True, True, True]])
-    m = causal_mask(4, valid)
-    assert m[0].tolist() == [[True, False, False, False], [False, True, False, False],
-                             [False, False, True, False], [False, False, True, True]]
-    assert torch.equal(m[1], causal_mask(4))
 
 
 def test_decode_mask_sees_cache_and_earlier_new_tokens_only():

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from nanomars.decode import ar_decode, mars_decode
-from nanomars.gpu_check import tiny_hf_folder
 from nanomars.masks import causal_mask
 from nanomars.qwen import bytes_to_unicode, load_qwen, load_qwen_config, load_qwen_tokenizer, save_qwen
 from nanomars.tokenizer import QWEN_PATTERN
@@ -32,8 +31,9 @@ def to_unicode(b: bytes) -> str:
 
 
 def tiny_hf(folder, n_kv_head, tie, shard=False, seed=0):
-    transformers = pytest.importorskip("transformers", reason="transformers is the reference implementation")
-    return tiny_hf_folder(transformers, folder, n_kv_head, tie, shard, seed)
+    pytest.importorskip("transformers", reason="transformers is the reference implementation")
+    from tiny_qwen import tiny_hf_folder
+    return tiny_hf_folder(folder, n_kv_head, tie, shard, seed)
 
 
 def our_logits(model, idx):
@@ -70,7 +70,7 @@ def test_save_round_trip_loads_in_transformers(tmp_path):
         src, dst = tmp_path / f"src{tie}", tmp_path / f"dst{tie}"
         hf = tiny_hf(src, 2, tie)
         model, _ = load_qwen(src, device="cpu", dtype=torch.float32)
-        save_qwen(model, dst, tokenizer_folder=src)
+        save_qwen(model, dst, source_folder=src)
         back = transformers.Qwen2ForCausalLM.from_pretrained(dst, dtype=torch.float32).eval()
         idx = torch.randint(0, VOCAB, (1, 16))
         with torch.no_grad():

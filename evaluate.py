@@ -1,17 +1,17 @@
 """
 Held-out accuracy per task family, decoded by AR and by MARS at several tau, on the same prompts:
-  python -m nanomars.evaluate --ckpt out/mars.pt --taus 1 0.95 0.9 0.7 --ar
+  python evaluate.py --ckpt out/mars.pt --taus 1 0.95 0.9 0.7 --ar
+evaluate() is also what the notebooks call.
 """
-import argparse
 import time
 from collections import defaultdict
 
 import torch
 
-from .checkpoint import load_checkpoint
-from .decode import ar_decode, mars_decode
-from .tasks import check, held_out_split
-from .tokenizer import load_default_tokenizer
+from nanomars.checkpoint import load_model
+from nanomars.cli import ArgumentParser, positive_int, run, tau_float
+from nanomars.decode import ar_decode, mars_decode
+from nanomars.tasks import check, held_out_split
 
 
 def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64):
@@ -47,27 +47,29 @@ def format_table(rows):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", default="out/mars.pt")
-    p.add_argument("--taus", type=float, nargs="*", default=[1.0, 0.95, 0.9, 0.7])
+    p = ArgumentParser(__doc__)
+    p.add_argument("--ckpt", default="out/mars.pt", help="a nanoMARS checkpoint or a Hugging Face folder")
+    p.add_argument("--taus", type=tau_float, nargs="*", default=[1.0, 0.95, 0.9, 0.7])
     p.add_argument("--ar", action="store_true", help="also decode with plain greedy AR")
-    p.add_argument("--block_size", type=int, default=None, help="default: the checkpoint's training block size")
-    p.add_argument("--n_per_family", type=int, default=50)
+    p.add_argument("--block_size", type=positive_int, default=None, help="default: the checkpoint's training block size")
+    p.add_argument("--n_per_family", type=positive_int, default=50, help="held-out prompts per task family (at most 50)")
+    p.add_argument("--max_new_tokens", type=positive_int, default=64)
+    p.add_argument("--device", default="cpu")
     args = p.parse_args()
+    if not args.ar and not args.taus:
+        p.error("nothing to evaluate: give --ar and/or --taus")
     torch.manual_seed(0)
-    model, ckpt = load_checkpoint(args.ckpt)
-    model.eval()
-    tok = load_default_tokenizer()
-    block_size = args.block_size or ckpt["args"].get("block_size", 4)
+    model, tok, trained_block, _ = load_model(args.ckpt, args.device)
+    block_size = args.block_size or trained_block
     examples = held_out_split(args.n_per_family)
     rows = {}
     if args.ar:
-        rows["AR"] = evaluate(model, tok, examples)
+        rows["AR"] = evaluate(model, tok, examples, max_new_tokens=args.max_new_tokens)
     for tau in args.taus:
-        rows[f"MARS t={tau:g}"] = evaluate(model, tok, examples, tau, block_size)
+        rows[f"MARS t={tau:g}"] = evaluate(model, tok, examples, tau, block_size, args.max_new_tokens)
     print(f"{args.ckpt}: {len(examples)} held-out prompts, block_size {block_size}")
     print(format_table(rows))
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,7 +1,7 @@
 """
 One prepared GPU check, meant to be run once on a GPU (an H200: a few minutes in all):
-  python -m nanomars.gpu_check                          # cuda, Qwen2.5-0.5B shape
-  python -m nanomars.gpu_check --small --device cpu     # the same code on a tiny shape, in seconds
+  python gpu_check.py                          # cuda, Qwen2.5-0.5B shape
+  python gpu_check.py --small --device cpu     # the same code on a tiny shape, in seconds (CI runs it)
 1. parity: a tiny random transformers Qwen2 vs our load_qwen, bf16 and float32 logits on the device, and
    greedy 32-token generations (HF generate vs our ar_decode and mars_decode at tau = 1).
 2. train: MARS dual-track step vs AR step on a random model of Qwen2.5-0.5B's shape, bf16 autocast over
@@ -20,10 +20,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .decode import ar_decode, mars_decode
-from .dual_track import ar_loss, collate, dual_track_loss
-from .masks import causal_mask, mars_train_mask
-from .model import Config, Decoder
+from nanomars.decode import ar_decode, mars_decode
+from nanomars.dual_track import ar_loss, collate, dual_track_loss
+from nanomars.masks import causal_mask, mars_train_mask
+from nanomars.model import Config, Decoder
 
 BLOCK = 4
 QWEN05 = Config(vocab_size=151936, n_layer=24, n_head=14, n_kv_head=2, n_embd=896, intermediate_size=4864,
@@ -53,44 +53,18 @@ def timed(fn, device, warmup, iters):
 
 
 # ------------------------------------------------------------------------------------- 1. parity
-def tiny_hf_folder(transformers, folder, n_kv_head=2, tie=True, shard=False, seed=0):
-    """A tiny random Qwen2 saved as a Hugging Face folder (sharded on request), with a 256-byte
-    tokenizer.json (<|mask|> = 259). Returns the transformers model. The parity tests use it too."""
-    from .qwen import bytes_to_unicode
-    torch.manual_seed(seed)
-    # rope_theta != the 10000 default so a dropped theta would show; initializer_range 0.2: decisive
-    # argmaxes, so rounding cannot flip greedy generation on a near-tie
-    config = transformers.Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=n_kv_head,
-                                      max_position_embeddings=128, rope_theta=1e6, rms_norm_eps=1e-6,
-                                      tie_word_embeddings=tie, initializer_range=0.2)
-    hf = transformers.Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():  # HF inits biases / norms to 0 / 1: randomize them so parity covers them
-        for name, p in hf.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    hf.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
-    chars = bytes_to_unicode()
-    added = [{"id": 256 + i, "content": s, "special": True}
-             for i, s in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])]
-    tokenizer = {"model": {"type": "BPE", "vocab": {chars[b]: b for b in range(256)}, "merges": []},
-                 "added_tokens": added}
-    with open(os.path.join(folder, "tokenizer.json"), "w") as f:
-        json.dump(tokenizer, f)
-    return hf
-
-
 @torch.no_grad()
 def parity(device, n_new=32):
     try:
         import transformers
     except ImportError:
         return {"skipped": "transformers is not installed"}
-    from .qwen import load_qwen
+    from nanomars.qwen import load_qwen
+    from tests.tiny_qwen import tiny_hf_folder  # the parity tests' tiny random Qwen2 folder
     transformers.utils.logging.disable_progress_bar()  # keep the report compact
     out = {}
     with tempfile.TemporaryDirectory() as folder:
-        tiny_hf_folder(transformers, folder)
+        tiny_hf_folder(folder)
         idx = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(1)).to(device)
         for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
             hf = transformers.Qwen2ForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
@@ -148,10 +122,7 @@ def sdpa_backends(config, seq, device):
 def train(model, device, batch, seq, peak_flops, warmup=2, iters=5):
     x, response, targets = random_batch(model.config, batch, seq, device)
     mask_id = model.config.vocab_size - 1
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # as train.py: matrices decay, the rest do not
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.95))
+    opt = model.configure_optimizer(lr=1e-4)  # as train.py
     losses = {"mars": lambda: dual_track_loss(model, x, response, targets, BLOCK, mask_id)[0],
               "ar": lambda: ar_loss(model, x, targets)}
     processed = {"mars": 2 * seq, "ar": seq}  # MARS feeds [clean | noisy]: twice the sequence
@@ -183,8 +154,7 @@ def train(model, device, batch, seq, peak_flops, warmup=2, iters=5):
 # ------------------------------------------------------------------------------------- 3. decode
 @torch.no_grad()
 def decode(model, device, n_prompt=64, n_new=128, tau=0.95):
-    model.to(torch.bfloat16).eval()
-    model.inv_freq = model.rope_inv_freq().to(device)  # .to(bf16) cast the RoPE buffer too: keep it float32
+    model.to(torch.bfloat16).eval()  # the RoPE frequencies stay float32 (Decoder._apply)
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, model.config.vocab_size - 1, (n_prompt,), generator=g).tolist()
     runs = {"ar": lambda n: ar_decode(model, prompt, n),
