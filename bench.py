@@ -20,7 +20,8 @@ import torch
 
 from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi
 from nanomars.checkpoint import load_model
-from nanomars.cli import ArgumentParser, fail, nonneg_int, positive_int, tau_float
+from nanomars.decode import check_decode_args
+from nanomars.cli import ArgumentParser, device_name, fail, nonneg_int, positive_int, tau_float
 from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, check, held_out_split
 
 p = ArgumentParser(__doc__)
@@ -31,7 +32,7 @@ p.add_argument("--batch_sizes", type=positive_int, nargs="+", default=[1, 4, 8, 
 p.add_argument("--n_prompts", type=positive_int, default=210, help="held-out prompts, mixed over the task families")
 p.add_argument("--max_new_tokens", type=positive_int, default=64)
 p.add_argument("--out", default="out/bench", help="writes <out>.json and <out>.png")
-p.add_argument("--device", default="cpu")
+p.add_argument("--device", type=device_name, default="cpu")
 p.add_argument("--threads", type=nonneg_int, default=1, help="CPU threads; 0: torch's default. 1 by default: on a "
                "busy machine threads that wait for each other make every small forward many times slower")
 p.add_argument("--profile", action="store_true", help="also print torch.profiler's op table for AR+cache and "
@@ -56,6 +57,11 @@ k, F = -(-args.n_prompts // len(FAMILIES)), len(FAMILIES)
 split = held_out_split(k)  # k of each family, family after family
 examples = [split[f * k + i] for i in range(k) for f in range(F)][:args.n_prompts]
 prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in examples]
+try:  # every strategy would refuse the same way: say it once, before anything runs
+    for prompt in prompts:
+        check_decode_args(model, prompt, args.max_new_tokens, B)
+except ValueError as e:
+    fail(f"{args.ckpt}: {e}")
 
 mars = partial(batch_decode, mask_id=tok.mask_id, block_size=B, tau=args.tau, stop_ids=tok.stop_ids)
 strategies = {

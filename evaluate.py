@@ -9,7 +9,7 @@ from collections import defaultdict
 import torch
 
 from nanomars.checkpoint import load_model
-from nanomars.cli import ArgumentParser, positive_int, run, tau_float
+from nanomars.cli import ArgumentParser, device_name, positive_int, run, tau_float
 from nanomars.decode import ar_decode, mars_decode
 from nanomars.tasks import check, held_out_split
 
@@ -54,7 +54,7 @@ def main():
     p.add_argument("--block_size", type=positive_int, default=None, help="default: the checkpoint's training block size")
     p.add_argument("--n_per_family", type=positive_int, default=50, help="held-out prompts per task family (at most 50)")
     p.add_argument("--max_new_tokens", type=positive_int, default=64)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_name, default="cpu")
     args = p.parse_args()
     if not args.ar and not args.taus:
         p.error("nothing to evaluate: give --ar and/or --taus")

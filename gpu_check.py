@@ -9,7 +9,6 @@ One prepared GPU check, meant to be run once on a GPU (an H200: a few minutes in
 3. decode: AR vs MARS (tau 0.95, block 4) with the KV cache, the same weights cast to bf16.
 Prints a compact report and writes it as JSON to --out.
 """
-import argparse
 import json
 import os
 import tempfile
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 from nanomars.decode import ar_decode, mars_decode
 from nanomars.dual_track import ar_loss, collate, dual_track_loss
 from nanomars.masks import causal_mask, mars_train_mask
+from nanomars.cli import ArgumentParser, device_name, positive_float, run
 from nanomars.model import Config, Decoder
 
 BLOCK = 4
@@ -210,11 +210,11 @@ def print_decode(d):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda")
+    ap = ArgumentParser(__doc__)
+    ap.add_argument("--device", type=device_name, default="cuda")
     ap.add_argument("--small", action="store_true", help="tiny shape (2 layers, hidden 64, vocab 512, batch 2x64)")
     ap.add_argument("--out", default="out/gpu_check.json")
-    ap.add_argument("--peak_flops", type=float, default=790e12, help="bf16 FLOP/s that MFU is measured against (H200 SXM datasheet, dense: 989e12)")
+    ap.add_argument("--peak_flops", type=positive_float, default=989e12, help="dense bf16 FLOP/s that MFU is measured against (H100/H200 SXM datasheet: 989e12)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     config, batch, seq = (TINY, 2, 64) if args.small else (QWEN05, 8, 512)
@@ -249,4 +249,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -15,7 +15,7 @@ import torch
 
 from nanomars.batch_decode import batch_ar, batch_decode
 from nanomars.checkpoint import load_model
-from nanomars.cli import ArgumentParser, nonneg_float, positive_int, run, tau_float
+from nanomars.cli import ArgumentParser, device_name, nonneg_float, positive_int, run, tau_float
 from nanomars.decode import show_spans
 from nanomars.model import default_device
 
@@ -48,7 +48,7 @@ def main():
     p.add_argument("--compare_ar", action="store_true", help="also decode with greedy AR and show the speedup")
     p.add_argument("--no_cache", action="store_true")
     p.add_argument("--brackets", action="store_true", help="mark spans with brackets even on a terminal")
-    p.add_argument("--device", default=default_device())
+    p.add_argument("--device", type=device_name, default=default_device())
     args = p.parse_args()
     torch.manual_seed(args.seed)
     color = sys.stdout.isatty() and not args.brackets

@@ -6,7 +6,6 @@ Checkpoints: out/ar.pt and out/mars.pt (self-describing, atomic); --resume conti
 With --init_from <Hugging Face folder> the run also writes out/<stage>_hf/, loadable by transformers.
 Several GPUs: torchrun --standalone --nproc_per_node=N train.py ... (DistributedDataParallel).
 """
-import argparse
 import contextlib
 import hashlib
 import math
@@ -19,48 +18,47 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nanomars.checkpoint import load_model, save_checkpoint
+from nanomars.cli import ArgumentParser, device_name, fail, nonneg_float, nonneg_int, positive_float, positive_int
 from nanomars.dual_track import ar_loss, collate, dual_track_loss
 from nanomars.model import Config, Decoder, default_device
 from nanomars.tasks import read_jsonl, held_out_split, train_examples
 from nanomars.tokenizer import load_default_tokenizer
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p = ArgumentParser(__doc__)
 p.add_argument("--stage", choices=["ar", "mars"], default="ar")
 p.add_argument("--out_dir", default="out")
 p.add_argument("--init_from", default=None, help="stage ar: 'scratch' (default) or a Hugging Face folder; "
                "stage mars: a .pt checkpoint (default out_dir/ar.pt) or a Hugging Face folder")
 p.add_argument("--resume", action="store_true", help="continue this stage from out_dir/<stage>.pt")
 p.add_argument("--data", default=None, help="a JSONL of {'messages': [...]} (default: the built-in task suite)")
-p.add_argument("--n_train", type=int, default=20000, help="examples drawn from the built-in suite")
-p.add_argument("--max_len", type=int, default=512, help="examples longer than this are dropped")
+p.add_argument("--n_train", type=positive_int, default=20000, help="examples drawn from the built-in suite")
+p.add_argument("--max_len", type=positive_int, default=512, help="examples longer than this are dropped")
 # the method
-p.add_argument("--block_size", type=int, default=4)
-p.add_argument("--alpha", type=float, default=1.0, help="weight of the clean-stream (AR) loss; 0 = no SFT loss")
+p.add_argument("--block_size", type=positive_int, default=4)
+p.add_argument("--alpha", type=nonneg_float, default=1.0, help="weight of the clean-stream (AR) loss; 0 = no SFT loss")
 p.add_argument("--bidirectional", action="store_true", help="block-diffusion mask (the paper's BD3LM ablation)")
 # optimisation
-p.add_argument("--max_iters", type=int, default=1200)
-p.add_argument("--batch_size", type=int, default=32)
-p.add_argument("--grad_accum", type=int, default=1)
-p.add_argument("--lr", type=float, default=None, help="default: 2e-3 (ar) / 1e-3 (mars) from scratch; 5e-6 (the paper's) for Qwen2.5")
-p.add_argument("--warmup", type=int, default=20)
-p.add_argument("--weight_decay", type=float, default=0.01)
-p.add_argument("--grad_clip", type=float, default=1.0)
-p.add_argument("--eval_interval", type=int, default=200)
-p.add_argument("--eval_batches", type=int, default=4)
+p.add_argument("--max_iters", type=positive_int, default=1200)
+p.add_argument("--batch_size", type=positive_int, default=32)
+p.add_argument("--grad_accum", type=positive_int, default=1)
+p.add_argument("--lr", type=positive_float, default=None, help="default: 2e-3 (ar) / 1e-3 (mars) from scratch; 5e-6 (the paper's) for Qwen2.5")
+p.add_argument("--warmup", type=nonneg_int, default=20)
+p.add_argument("--weight_decay", type=nonneg_float, default=0.01)
+p.add_argument("--grad_clip", type=positive_float, default=1.0)
+p.add_argument("--eval_interval", type=positive_int, default=200)
+p.add_argument("--eval_batches", type=positive_int, default=4)
 # model shape, used only from scratch
-p.add_argument("--n_layer", type=int, default=4)
-p.add_argument("--n_embd", type=int, default=128)
-p.add_argument("--n_head", type=int, default=4)
-p.add_argument("--n_kv_head", type=int, default=2)
-p.add_argument("--intermediate_size", type=int, default=352)
+p.add_argument("--n_layer", type=positive_int, default=4)
+p.add_argument("--n_embd", type=positive_int, default=128)
+p.add_argument("--n_head", type=positive_int, default=4)
+p.add_argument("--n_kv_head", type=positive_int, default=2)
+p.add_argument("--intermediate_size", type=positive_int, default=352)
 # system
-p.add_argument("--device", default=default_device())
+p.add_argument("--device", type=device_name, default=default_device())
 p.add_argument("--grad_checkpointing", action="store_true")
 p.add_argument("--compile", action="store_true")
-p.add_argument("--seed", type=int, default=1337)
+p.add_argument("--seed", type=nonneg_int, default=1337)
 args = p.parse_args()
-if args.block_size < 1:
-    p.error(f"--block_size must be >= 1, got {args.block_size}")
 
 # -------------------------------------------------------------------------------------------- setup
 ddp = "RANK" in os.environ  # launched by torchrun
@@ -106,10 +104,11 @@ def load_model_and_tokenizer():
 try:
     model, tok, hf_folder, step, opt_state = load_model_and_tokenizer()
 except (ValueError, FileNotFoundError) as e:
-    raise SystemExit(f"error: {e}") from None
+    fail(str(e))
+if args.max_len > model.config.max_seq_len:
+    fail(f"--max_len {args.max_len} is longer than the model's context of {model.config.max_seq_len} tokens")
 args.lr = args.lr or (5e-6 if hf_folder else 2e-3 if args.stage == "ar" else 1e-3)
 model = model.to(args.device)
-args.max_len = min(args.max_len, model.config.max_seq_len)
 model.grad_checkpointing = args.grad_checkpointing
 if master:
     print(f"stage {args.stage}: {model.num_params() / 1e6:.2f}M parameters from {init_from}, "
@@ -125,15 +124,19 @@ if args.data:
     try:
         train_set = render(read_jsonl(args.data))
     except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}") from None
+        fail(str(e))
+    if len(train_set) < 2:
+        fail(f"{args.data}: {len(train_set)} example(s) fit --max_len {args.max_len} (+ block_size): need at "
+             "least 2, one held out for the loss curve and one to train on")
     random.Random(args.seed).shuffle(train_set)
     n_val = max(1, len(train_set) // 50)  # hold out 2% of the user's data for the loss curve
     val_set, train_set = train_set[:n_val], train_set[n_val:]
 else:
     train_set = render(train_examples(args.n_train, seed=args.seed))
     val_set = render(held_out_split())
-if not train_set:
-    raise SystemExit(f"no training example fits --max_len {args.max_len}")
+if not train_set or not val_set:
+    fail(f"no {'training' if not train_set else 'held-out'} example fits --max_len {args.max_len} "
+         f"(+ block_size {args.block_size}): raise --max_len")
 
 
 def get_batch(data, gen):

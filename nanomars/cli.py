@@ -39,9 +39,23 @@ nonneg_float = _ranged(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
 tau_float = _ranged(float, lambda v: 0 < v <= 1, "a threshold in (0, 1] (1 = exactly greedy AR)")
 
 
+def device_name(text):
+    """--device: a torch device that exists on this machine."""
+    import torch
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu, cuda, cuda:1 or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("cuda is not available on this machine: use --device cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError("mps is not available on this machine: use --device cpu")
+    return text
+
+
 def run(main):
-    """Call main(); a ValueError / FileNotFoundError (bad file, bad value found later) becomes one line."""
+    """Call main(); a ValueError or OSError (bad file, bad value found later) becomes one line."""
     try:
         main()
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         fail(str(e))

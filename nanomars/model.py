@@ -50,6 +50,8 @@ class Config:
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
             raise ValueError(f"need n_embd % n_head == 0 and n_head % n_kv_head == 0, got "
                              f"n_embd={self.n_embd}, n_head={self.n_head}, n_kv_head={self.n_kv_head}")
+        if (self.n_embd // self.n_head) % 2:  # RoPE rotates pairs of dimensions
+            raise ValueError(f"the head size n_embd / n_head = {self.n_embd // self.n_head} must be even (RoPE)")
 
 
 def default_device():

@@ -84,3 +84,21 @@ def test_activation_checkpointing_gives_the_same_gradients():
         forward_causal(model, idx).logsumexp(-1).mean().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_rope_frequencies_stay_float32_after_a_dtype_cast():
+    model = random_model()
+    ref = model.inv_freq.clone()
+    model.to(torch.bfloat16)
+    assert model.embed.weight.dtype == torch.bfloat16  # the weights were cast ...
+    assert model.inv_freq.dtype == torch.float32 and torch.equal(model.inv_freq, ref)  # ... the angles were not
+    model.half().float()
+    assert torch.equal(model.inv_freq, ref)
+
+
+def test_optimizer_decays_matrices_only():
+    model = random_model(tie_embeddings=False)
+    decay, no_decay = model.configure_optimizer(lr=1e-3, weight_decay=0.1).param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))

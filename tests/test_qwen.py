@@ -64,6 +64,20 @@ def test_matches_transformers(tmp_path, n_kv_head, tie, shard):
     assert ar_decode(model, prompt, 20).tokens == ref
     assert mars_decode(model, prompt, 20, mask_id=VOCAB - 1, block_size=4, tau=1.0).tokens == ref
 
+def test_saving_a_released_mars_folder_keeps_its_model_type(tmp_path):
+    tiny_hf(tmp_path / "src", 2, True)
+    config = json.loads((tmp_path / "src" / "config.json").read_text())
+    config.update(model_type="a2d-qwen2", architectures=["A2DQwen2LMHeadModel"])  # as the released MARS folders
+    (tmp_path / "src" / "config.json").write_text(json.dumps(config))
+    model, _ = load_qwen(tmp_path / "src", device="cpu", dtype=torch.float32)
+    save_qwen(model, tmp_path / "dst", source_folder=tmp_path / "src")
+    saved = json.loads((tmp_path / "dst" / "config.json").read_text())
+    assert saved["model_type"] == "a2d-qwen2" and saved["architectures"] == ["A2DQwen2LMHeadModel"]
+    again, _ = load_qwen(tmp_path / "dst", device="cpu", dtype=torch.float32)
+    idx = torch.randint(0, VOCAB, (1, 12))
+    assert torch.equal(our_logits(again, idx), our_logits(model, idx))
+
+
 def test_save_round_trip_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is the reference implementation")
     for tie in (True, False):

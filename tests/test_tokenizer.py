@@ -41,8 +41,22 @@ def test_roundtrip(tok, which):
     for text in VARIED:
         ids = t.encode(text)
         assert t.decode(ids) == text
-        assert "".join(t.decode_tokens(ids)) == text or not text.isascii()  # pieces may split a char
+        assert b"".join(t.enc.decode_single_token_bytes(i) for i in ids) == text.encode("utf-8")
         assert all(i < t.vocab_size for i in ids)
+
+
+@pytest.mark.parametrize("which", ["small", "default"])
+def test_non_ascii_falls_back_to_utf8_bytes(tok, which):
+    """Neither vocabulary ever merged these characters: they must come out as their raw UTF-8 bytes, one
+    id per byte (ids 0..255 are the single bytes), and decode back exactly. A vocabulary missing a byte,
+    or a decoder that drops or re-encodes bytes, fails here."""
+    t = tok if which == "small" else load_default_tokenizer()
+    for text in ["日本語", "🙂🚀👍🏽", "Ωμέγα", "naïve café"]:
+        ids = t.encode(text)
+        assert t.decode(ids) == text
+        assert b"".join(t.enc.decode_single_token_bytes(i) for i in ids) == text.encode("utf-8")
+    assert t.encode("日本語") == list("日本語".encode("utf-8"))  # e6 97 a5 e6 9c ac e8 aa 9e
+    assert t.encode("🙂") == list("🙂".encode("utf-8"))
 
 def test_special_ids(tok):
     n = tok.enc.n_vocab - len(SPECIAL_TOKENS)

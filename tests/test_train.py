@@ -38,23 +38,14 @@ def test_two_stages_and_resume(tmp_path):
     assert load_checkpoint(f"{out}/mars.pt")[1]["step"] == 5
     # the README's sample command on what was just trained: spans, stats, the AR comparison, per-row taus
     sample = [sys.executable, "sample.py", "--ckpt", f"{out}/mars.pt", "--max_new_tokens", "8", "--brackets"]
-    log = subprocess.run([*sample, "--compare_ar"], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
-    assert "MARS (tau 0.9, block 4): [" in log and "tokens/forward" in log and "MARS vs AR:" in log
-    log = subprocess.run([*sample, "--taus", "1", "0.5"], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
-    assert "tau 1 " in log and "tau 0.5 " in log
-
-
-def test_bad_arguments_fail_clearly(tmp_path):
-    proc = subprocess.run([sys.executable, "train.py", "--block_size", "0"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode != 0 and "--block_size must be >= 1" in proc.stderr
-    proc = subprocess.run([sys.executable, "train.py", "--stage", "mars", "--out_dir", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert proc.returncode != 0 and "no checkpoint at" in proc.stderr and "Traceback" not in proc.stderr
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"messages": 3}\n')
-    proc = subprocess.run([sys.executable, "train.py", "--data", str(bad), "--out_dir", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert proc.returncode != 0 and "bad.jsonl, line 1" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([*sample, "--compare_ar"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "MARS (tau 0.9, block 4): [" in proc.stdout and "tokens/forward" in proc.stdout
+    assert "MARS vs AR:" in proc.stdout and "(both warmed up)" in proc.stdout
+    assert "too short for the wall-clock ratio" in proc.stdout  # 8 new tokens at most
+    proc = subprocess.run([*sample, "--taus", "1", "0.5"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "tau 1 " in proc.stdout and "tau 0.5 " in proc.stdout
 
 
 def test_ddp_two_processes_end_with_identical_weights(tmp_path):
