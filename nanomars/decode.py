@@ -1,13 +1,18 @@
 """
-Decoding one sequence: greedy AR, and the MARS sliding window with threshold tau (docs/mars.md, "Decoding").
-
-MARS step: known tokens x_0..x_{c-1}; one forward over [x_0..x_{c-1}, MASK x (B-1)] under a plain causal
-mask. The output at x_{c-1} proposes x_c (exactly AR's prediction), the output at mask j-1 proposes
-x_{c+j}. Accept y_0 always, then y_1, y_2, ... in order while their probability >= tau.
-With the KV cache only K/V of real tokens are kept: each step feeds [tokens accepted last step | B-1
-masks] and advances the cache length over the real tokens only, so the masks' K/V are dropped (they
-sit beyond the length, hidden by the mask and overwritten next step) and every accepted token is
-recomputed with its real id.
+Decoding one sequence (docs/mars.md, "Decoding" and "Caches"). Read top to bottom:
+1. the acceptance rule: propose, gate, n_accepted, accept;
+2. mars_decode_plain: the whole MARS decoder without a cache. Known tokens x_0..x_{c-1}; one forward over
+   [x_0..x_{c-1}, MASK x (B-1)] under a plain causal mask; the output at x_{c-1} proposes x_c (exactly AR's
+   prediction), the output at mask i proposes x_{c+1+i}. Accept y_0 always, then y_1, y_2, ... in order
+   while their probability >= tau;
+3. mars_decode: the same with the KV cache (model.KVCache). Only real tokens' K/V are kept: each step
+   feeds [tokens accepted last step | B-1 masks] and advances the cache length over the real tokens
+   only, so the masks' K/V sit beyond the length (hidden, overwritten next step) and every accepted token
+   is recomputed with its real id; ar_decode is it with no masks;
+4. lossless MARS (mars_decode(lossless=True), batch_decode.batch_lossless): the masks' proposals are only
+   a draft, fed as real tokens by the next forward, whose outputs at them are AR's own predictions;
+   verify_draft keeps the draft's prefix AR agrees with (speculative decoding), so the output is AR's
+   for any model.
 """
 import time
 from dataclasses import dataclass, field
@@ -63,22 +68,6 @@ def check_decode_args(model, prompt, max_new_tokens, block_size=1, tau=1.0, metr
                          "the prompt or lower max_new_tokens")
 
 
-def forward_new(model, tokens, cache, known):
-    """Run new tokens (list of ids) after `known` tokens. With a cache, the known tokens' K/V are in it and
-    only the new ones are computed; without, the whole sequence `known + tokens` is recomputed.
-    Returns float32 logits (T_new, V) of the new tokens."""
-    dev = model.embed.weight.device
-    if cache is None:
-        idx = torch.tensor([known + tokens], device=dev)
-        T = idx.shape[1]
-        pos = torch.arange(T, device=dev)[None]
-        return model(idx, pos, causal_mask(T, device=dev))[0, len(known):]
-    start = cache.lengths  # (1,) slots already holding real tokens
-    idx = torch.tensor([tokens], device=dev)
-    slots = start[:, None] + torch.arange(len(tokens), device=dev)[None]  # (1, T): also the positions
-    return model(idx, slots, decode_mask(start, len(tokens), int(start[0]) + len(tokens)), cache, slots)[0]
-
-
 def propose(logits, temperature=0.0, top_k=None, generator=None):
     """Proposals y (..., B) and the distributions p (..., B, V) that gate them, from a window's logits
     (..., B, V). temperature 0: y = argmax p, p = softmax(logits) (greedy). Else p = softmax(logits /
@@ -126,26 +115,71 @@ def accept(logits, tau):
     return y[:n_accepted(gate(p, y, tau))].tolist()
 
 
+def cut(span, budget, stop_ids):
+    """An accepted span cut to the token budget and after its first stop token: (span, stopped)."""
+    span = span[:budget]
+    stop = next((i for i, t in enumerate(span) if t in stop_ids), None)
+    return (span, False) if stop is None else (span[:stop + 1], True)
+
+
 @torch.no_grad()
-def mars_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, stop_ids=(), use_cache=True):
+def mars_decode_plain(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, stop_ids=()):
+    """The whole MARS decoder, no cache: every forward recomputes [prompt + answer so far | B-1 masks].
+    Slow (each forward redoes everything) but plain; the cached and batched decoders are tested to give
+    exactly its tokens and spans."""
     check_decode_args(model, prompt, max_new_tokens, block_size, tau)
-    t0, out = time.perf_counter(), Decoded()
-    cache = KVCache(model.config, 1, len(prompt) + max_new_tokens + block_size - 1,
-                    model.embed.weight.device, model.embed.weight.dtype) if use_cache else None
-    known, pending = [], list(prompt)  # pending: real tokens whose K/V are not cached yet
+    t0, out, dev = time.perf_counter(), Decoded(), model.embed.weight.device
+    known = list(prompt)
     while len(out.tokens) < max_new_tokens:
-        logits = forward_new(model, pending + [mask_id] * (block_size - 1), cache, known)
-        if cache is not None:
-            cache.lengths += len(pending)  # keep real tokens' K/V only; the masks' fall beyond the length
-        window = logits[len(pending) - 1:]  # (B, V): last real token's output, then each mask's
-        span = accept(window, tau)[:max_new_tokens - len(out.tokens)]
-        stop = next((i for i, t in enumerate(span) if t in stop_ids), None)
-        span = span if stop is None else span[:stop + 1]  # drop anything accepted after a stop token
+        x = torch.tensor([known + [mask_id] * (block_size - 1)], device=dev)  # (1, T)
+        T = x.shape[1]
+        logits = model(x, torch.arange(T, device=dev)[None], causal_mask(T, device=dev))[0]  # (T, V)
+        window = logits[len(known) - 1:]  # (B, V): the last real token's output, then each mask's
+        span, stopped = cut(accept(window, tau), max_new_tokens - len(out.tokens), stop_ids)
         out.spans.append(span)
         out.tokens += span
-        if stop is not None:
+        known += span
+        if stopped:
             break
-        known, pending = known + pending, span
+    out.seconds = time.perf_counter() - t0
+    return out
+
+# -----------------------------------------------------------------------------
+# with the KV cache
+
+
+@torch.no_grad()
+def mars_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, stop_ids=(), use_cache=True,
+                lossless=False):
+    """mars_decode_plain with a KV cache: the same tokens and spans, each forward computing only the new
+    tokens. use_cache=False is mars_decode_plain. lossless=True: MARS as its own drafter, verified by AR
+    (tau is not used): exactly greedy AR's tokens, several per forward when the masks guess right; served
+    by the batch engine with one row."""
+    if lossless:
+        check_decode_args(model, prompt, max_new_tokens, block_size)
+        from .batch_decode import batch_lossless  # batch_decode imports this module
+        return batch_lossless(model, [prompt], max_new_tokens, mask_id, block_size, stop_ids,
+                              cache="request" if use_cache else None).rows[0]
+    if not use_cache:
+        return mars_decode_plain(model, prompt, max_new_tokens, mask_id, block_size, tau, stop_ids)
+    check_decode_args(model, prompt, max_new_tokens, block_size, tau)
+    t0, out, dev = time.perf_counter(), Decoded(), model.embed.weight.device
+    cache = KVCache(model.config, 1, len(prompt) + max_new_tokens + block_size - 1, dev, model.embed.weight.dtype)
+    pending = list(prompt)  # real tokens whose K/V are not cached yet
+    while len(out.tokens) < max_new_tokens:
+        fed = pending + [mask_id] * (block_size - 1)
+        start = cache.lengths  # (1,) slots already holding real tokens
+        slots = start[:, None] + torch.arange(len(fed), device=dev)[None]  # (1, T): also the positions
+        mask = decode_mask(start, len(fed), int(start[0]) + len(fed))  # (1, T, S): the cache + itself
+        logits = model(torch.tensor([fed], device=dev), slots, mask, cache, slots)[0]  # (T, V)
+        cache.lengths += len(pending)  # keep real tokens' K/V only; the masks' fall beyond the length
+        window = logits[len(pending) - 1:]  # (B, V): the last real token's output, then each mask's
+        span, stopped = cut(accept(window, tau), max_new_tokens - len(out.tokens), stop_ids)
+        out.spans.append(span)
+        out.tokens += span
+        pending = span
+        if stopped:
+            break
     out.seconds = time.perf_counter() - t0
     return out
 
@@ -155,6 +189,58 @@ def ar_decode(model, prompt, max_new_tokens, stop_ids=(), use_cache=True):
     forward. The baseline that MARS at tau = 1 must equal token for token."""
     return mars_decode(model, prompt, max_new_tokens, mask_id=None, block_size=1, tau=1.0,
                        stop_ids=stop_ids, use_cache=use_cache)
+
+# -----------------------------------------------------------------------------
+# lossless MARS: verifying a draft
+
+
+def sampling_dist(logits, temperature, top_k=None):
+    """(..., V) the distribution sampling draws from: softmax(logits / temperature) over the top_k
+    tokens (every token tied with the k-th largest logit included), renormalised."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(dist, generator=None):
+    """One token per distribution: dist (..., V) -> (...,)."""
+    return torch.multinomial(dist.flatten(0, -2), 1, generator=generator).view(dist.shape[:-1])
+
+
+def verify_draft(draft, n_draft, logits, q=None, temperature=0.0, top_k=None, generator=None):
+    """Lossless acceptance of a drafted continuation: speculative decoding with AR as the target.
+    draft (..., D): tokens proposed for the next D positions, of which the first n_draft (...,) are real;
+    logits (..., D+1, V): AR's logits for those D positions and the one after (the outputs at the last
+    known token and at each draft token); q (..., D, V): the distributions the draft was sampled from
+    (sampling only). Returns y (..., D+1) and a (...,): the output is y[:a+1], the first a draft tokens
+    and then one token of AR's own (the replacement of draft token a, or the bonus after a fully kept
+    draft), so at least one token per call.
+    Greedy: a draft token is kept while it equals AR's argmax, so y = AR's argmax and the output is
+    exactly greedy AR's. Sampling: draft token x at position j is kept with probability
+    min(1, p_j(x) / q_j(x)) (p = AR's sampling_dist); the first rejected one is replaced by a sample of
+    max(0, p_j - q_j) renormalised; after a fully kept draft the bonus is sampled from p. Each output
+    token is then distributed exactly as AR sampling's, whatever q is."""
+    D = draft.shape[-1]
+    real = torch.arange(D, device=draft.device) < n_draft[..., None]  # (..., D)
+    if temperature == 0:
+        y = propose(logits)[0]  # the very argmax AR decoding takes
+        return y, (real & (draft == y[..., :D])).long().cumprod(-1).sum(-1)
+    p = sampling_dist(logits, temperature, top_k)  # (..., D+1, V)
+    px = p[..., :D, :].gather(-1, draft[..., None])[..., 0]
+    qx = q.gather(-1, draft[..., None])[..., 0]  # > 0: x was sampled from q
+    u = torch.rand(px.shape, device=px.device, generator=generator)
+    a = (real & (u * qx < px)).long().cumprod(-1).sum(-1)  # P(u < p/q) = min(1, p/q)
+    # the distribution of token a: the residual max(0, p_a - q_a); q_a = 0 past the draft, leaving p_a
+    q = torch.cat([q * real[..., None], q.new_zeros(*q.shape[:-2], 1, q.shape[-1])], -2)  # (..., D+1, V)
+    at = a[..., None, None].expand(*a.shape, 1, p.shape[-1])
+    p_a, q_a = p.gather(-2, at)[..., 0, :], q.gather(-2, at)[..., 0, :]
+    resid = (p_a - q_a).clamp_min(0)
+    resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, p_a)  # p_a == q_a: rejection impossible
+    y = torch.cat([draft, draft.new_zeros(*draft.shape[:-1], 1)], -1)  # (..., D+1)
+    y = y.scatter(-1, a[..., None], sample(resid, generator)[..., None])
+    return y, a
 
 
 def show_spans(tok, spans, color=False):

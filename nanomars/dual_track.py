@@ -1,6 +1,6 @@
 """
 The training batch and the two losses: plain AR-SFT (stage 1) and the MARS dual-track loss (stage 2).
-MARS_SPEC.md section 2 is the method; the masks come from masks.py.
+docs/mars.md sections 2-5 explain the method; the masks come from masks.py.
 """
 import torch
 import torch.nn.functional as F
@@ -45,8 +45,12 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     clean c_t = x_t; noisy n_t = MASK where x_t is a response token, else x_t (prompt tokens stay real).
     Both halves use position ids 0..L-1, so noisy token t sits exactly where clean token t does.
     The output at position t of EITHER stream predicts x_{t+1} (AR's shift, kept everywhere): so both
-    halves share one target row. Noisy output at k*B+j has seen clean x_0..x_{kB-1} and j+1 noisy inputs,
-    and predicts the token j+2 places after that known context.
+    halves share one target row. How far ahead of the known context each output predicts:
+      clean output at t:              distance 1 (plain next-token prediction)
+      noisy output at t = k*B + j:    has seen clean x_0..x_{kB-1} and j+1 noisy inputs, predicts
+                                      x_{kB+j+1}: distance j+2, so 2..B+1 over the block
+      the decoder uses 1..B: distance 1 from the last real token, 2..B from its B-1 masks; the
+      block's last noisy output (distance B+1) is trained but never used.
     loss = mean CE(noisy) + alpha * mean CE(clean); alpha = 0 is the paper's "no SFT loss" ablation;
     bidirectional=True swaps in the block-diffusion mask (the paper's BD3LM baseline).
     Returns (loss, noisy_ce, clean_ce)."""
