@@ -11,7 +11,7 @@ import torch
 from nanomars.checkpoint import load_model
 from nanomars.cli import ArgumentParser, device_name, positive_int, run, tau_float
 from nanomars.decode import ar_decode, mars_decode
-from nanomars.tasks import check, held_out_split
+from nanomars.tasks import check, held_out_split, read_jsonl
 
 
 def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64):
@@ -21,13 +21,14 @@ def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64):
     tokens = forwards = 0
     t0 = time.perf_counter()
     for ex in examples:
-        prompt = tok.prompt_ids([m for m in ex["messages"] if m["role"] != "assistant"])
+        last = max(i for i, m in enumerate(ex["messages"]) if m["role"] == "assistant")
+        prompt = tok.prompt_ids(ex["messages"][:last])  # the conversation up to the reply that is checked
         if tau is None:
             out = ar_decode(model, prompt, max_new_tokens, stop_ids=tok.stop_ids)
         else:
             out = mars_decode(model, prompt, max_new_tokens, tok.mask_id, block_size, tau, tok.stop_ids)
         answer = tok.decode([t for t in out.tokens if t not in tok.stop_ids])
-        for key in (ex["family"], "all"):
+        for key in (ex.get("family", "data"), "all"):
             right[key] += check(ex, answer)
             total[key] += 1
         tokens, forwards = tokens + len(out.tokens), forwards + out.forwards
@@ -53,6 +54,8 @@ def main():
     p.add_argument("--ar", action="store_true", help="also decode with plain greedy AR")
     p.add_argument("--block_size", type=positive_int, default=None, help="default: the checkpoint's training block size")
     p.add_argument("--n_per_family", type=positive_int, default=50, help="held-out prompts per task family (at most 50)")
+    p.add_argument("--data", default=None, help="a JSONL of {'messages': [...]} to evaluate instead of the held-out "
+                   "suite: the last assistant message is the reference, checked by exact match")
     p.add_argument("--max_new_tokens", type=positive_int, default=64)
     p.add_argument("--device", type=device_name, default="cpu")
     args = p.parse_args()
@@ -61,13 +64,13 @@ def main():
     torch.manual_seed(0)
     model, tok, trained_block, _ = load_model(args.ckpt, args.device)
     block_size = args.block_size or trained_block
-    examples = held_out_split(args.n_per_family)
+    examples = read_jsonl(args.data) if args.data else held_out_split(args.n_per_family)
     rows = {}
     if args.ar:
         rows["AR"] = evaluate(model, tok, examples, max_new_tokens=args.max_new_tokens)
     for tau in args.taus:
         rows[f"MARS t={tau:g}"] = evaluate(model, tok, examples, tau, block_size, args.max_new_tokens)
-    print(f"{args.ckpt}: {len(examples)} held-out prompts, block_size {block_size}")
+    print(f"{args.ckpt}: {len(examples)} prompts from {args.data or 'the held-out suite'}, block_size {block_size}")
     print(format_table(rows))
 
 

@@ -73,3 +73,23 @@ def test_jsonl_malformed_line(tmp_path, bad):
     path.write_text(f"{good}\n{bad}\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl, line 2"):
         tasks.read_jsonl(path)
+
+
+def test_examples_from_elsewhere_are_checked_by_exact_match():
+    ex = {"messages": [{"role": "user", "content": "Spell out the digits 1 2."},
+                       {"role": "assistant", "content": "The digits are one, two."}]}
+    assert tasks.check(ex, " The digits are one, two.\n") and not tasks.check(ex, "The digits are one, three.")
+    assert tasks.check({**ex, "family": "mine"}, "The digits are one, two.")  # an unknown family: exact match too
+
+
+def test_fixed_template_prompts_all_have_one_token_length(tok):
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "template_task.py")
+    spec = importlib.util.spec_from_file_location("template_task", path)
+    template = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(template)
+    train, test = template.make_split(300, 50, seed=0)
+    lengths = {len(tok.prompt_ids(ex["messages"][:1])) for ex in train + test}
+    assert len(lengths) == 1, lengths
+    assert not {ex["messages"][0]["content"] for ex in test} & {ex["messages"][0]["content"] for ex in train}
