@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nanomars.checkpoint import load_model, save_checkpoint
 from nanomars.cli import ArgumentParser, device_name, fail, nonneg_float, nonneg_int, positive_float, positive_int
-from nanomars.dual_track import ar_loss, collate, dual_track_loss
+from nanomars.dual_track import ar_loss, collate, dual_track_loss, random_offsets
 from nanomars.model import Config, Decoder, default_device
 from nanomars.tasks import read_jsonl, held_out_split, train_examples
 from nanomars.tokenizer import load_default_tokenizer
@@ -37,6 +37,11 @@ p.add_argument("--max_len", type=positive_int, default=512, help="examples longe
 p.add_argument("--block_size", type=positive_int, default=4)
 p.add_argument("--alpha", type=nonneg_float, default=1.0, help="weight of the clean-stream (AR) loss; 0 = no SFT loss")
 p.add_argument("--bidirectional", action="store_true", help="block-diffusion mask (the paper's BD3LM ablation)")
+p.add_argument("--random_offsets", action="store_true",
+               help="stage mars: shift each example's blocks by a random offset in [0, block_size), drawn per "
+               "example per step from the seeded batch generator, so the known context of a noisy prediction "
+               "ends anywhere, as at decode time, not only at multiples of block_size (held-out loss stays at "
+               "offset 0)")
 # optimisation
 p.add_argument("--max_iters", type=positive_int, default=1200)
 p.add_argument("--batch_size", type=positive_int, default=32)
@@ -59,6 +64,8 @@ p.add_argument("--grad_checkpointing", action="store_true")
 p.add_argument("--compile", action="store_true")
 p.add_argument("--seed", type=nonneg_int, default=1337)
 args = p.parse_args()
+if args.random_offsets and args.stage != "mars":
+    p.error("--random_offsets is for --stage mars (stage ar has no blocks)")
 
 # -------------------------------------------------------------------------------------------- setup
 ddp = "RANK" in os.environ  # launched by torchrun
@@ -139,20 +146,22 @@ if not train_set or not val_set:
          f"(+ block_size {args.block_size}): raise --max_len")
 
 
-def get_batch(data, gen):
+def get_batch(data, gen, shift=False):
+    """(x, response, targets, offsets); offsets (--random_offsets, training batches only) or None."""
     idx = torch.randint(len(data), (args.batch_size,), generator=gen)
-    return collate([data[i] for i in idx], args.block_size, tok.eos_id, args.device)
+    offsets = random_offsets(args.batch_size, args.block_size, gen) if shift else None
+    return (*collate([data[i] for i in idx], args.block_size, tok.eos_id, args.device, offsets), offsets)
 
 
 def compute_loss(model, batch):
     """Returns (loss, {name: value}) for this stage."""
-    x, response, targets = batch
+    x, response, targets, offsets = batch
     with autocast:
         if args.stage == "ar":
             loss = ar_loss(model, x, targets)
             return loss, {"ar": loss.item()}
         loss, noisy, clean = dual_track_loss(model, x, response, targets, args.block_size, tok.mask_id,
-                                             args.alpha, args.bidirectional)
+                                             args.alpha, args.bidirectional, offsets)
     return loss, {"noisy": noisy.item(), "clean": clean.item()}
 
 
@@ -204,7 +213,7 @@ while step < args.max_iters:
         # DDP: all-reduce gradients only on the last micro-step
         sync = contextlib.nullcontext() if not ddp or micro == args.grad_accum - 1 else model.no_sync()
         with sync:
-            loss, parts = compute_loss(model, get_batch(train_set, gen))
+            loss, parts = compute_loss(model, get_batch(train_set, gen, args.random_offsets))
             (loss / args.grad_accum).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
     optimizer.step()

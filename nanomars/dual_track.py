@@ -10,16 +10,25 @@ from .masks import block_diffusion_mask, causal_mask, mars_train_mask
 IGNORE = -100  # cross_entropy's ignore_index
 
 
-def collate(examples, block_size, eos_id, device="cpu"):
+def collate(examples, block_size, eos_id, device="cpu", offsets=None):
     """examples: list of (ids, loss_mask) from ChatTokenizer.render. Returns x (N, L) token ids,
     response (N, L) bool (the tokens the noisy stream hides) and targets (N, L) with targets[:, t] =
     x[:, t+1] where x[:, t+1] is a response token, else IGNORE.
-    Each example is padded with EOS up to a multiple of block_size and those pads ARE response tokens
-    (the model learns to keep emitting EOS after the end); the batch is then right-padded to its longest
-    example with EOS that are NOT targets. Right padding needs no key masking: nothing real looks right."""
+    Each example is padded with EOS up to the end of the block holding its last token and those pads ARE
+    response tokens (the model learns to keep emitting EOS after the end); the batch is then right-padded
+    to its longest example with EOS that are NOT targets. Right padding needs no key masking: nothing real
+    looks right. offsets: None (blocks from position 0: each example padded to a multiple of B) or the
+    (N,) block offsets that dual_track_loss will get (random_offsets)."""
     padded = []
-    for ids, loss_mask in examples:
-        n_pad = -len(ids) % block_size
+    for n, (ids, loss_mask) in enumerate(examples):
+        # With offset r, block k spans positions kB - r .. kB - r + B - 1, so the example is padded until
+        # (length + r) is a multiple of B: its last block is complete, as with r = 0 (where this is the
+        # multiple-of-B padding). Padding to a multiple of B regardless would leave that block only r
+        # positions long, and its noisy outputs would lose the EOS-pad targets that teach the model to
+        # keep stopping. Pads stay under B, as before (train.py's --max_len filter still holds); with
+        # offsets the batch length need not be a multiple of B, and the masks do not need it to be.
+        r = 0 if offsets is None else int(offsets[n])
+        n_pad = -(len(ids) + r) % block_size
         padded.append((list(ids) + [eos_id] * n_pad, list(loss_mask) + [1] * n_pad))
     L = max(len(ids) for ids, _ in padded)
     x = torch.full((len(padded), L), eos_id, dtype=torch.long)
@@ -32,6 +41,13 @@ def collate(examples, block_size, eos_id, device="cpu"):
     return x.to(device), response.to(device), targets.to(device)
 
 
+def random_offsets(N, block_size, generator):
+    """N block offsets drawn uniformly from 0..B-1 with the caller's torch.Generator (so a run is
+    deterministic from its seed). A (N,) long tensor on the generator's device, for collate and
+    dual_track_loss."""
+    return torch.randint(block_size, (N,), generator=generator, device=generator.device)
+
+
 def ar_loss(model, x, targets):
     """Stage 1 (AR-SFT): next-token cross-entropy on response targets under a causal mask."""
     N, L = x.shape
@@ -40,7 +56,8 @@ def ar_loss(model, x, targets):
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
 
 
-def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0, bidirectional=False):
+def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0, bidirectional=False,
+                    offsets=None):
     """Stage 2 (MARS): one forward over [clean | noisy] of length 2L.
     clean c_t = x_t; noisy n_t = MASK where x_t is a response token, else x_t (prompt tokens stay real).
     Both halves use position ids 0..L-1, so noisy token t sits exactly where clean token t does.
@@ -51,17 +68,24 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
                                       x_{kB+j+1}: distance j+2, so 2..B+1 over the block
       the decoder uses 1..B: distance 1 from the last real token, 2..B from its B-1 masks; the
       block's last noisy output (distance B+1) is trained but never used.
+    offsets: None, or an (N,) long tensor of per-example block offsets r (random_offsets; pass the same
+    ones to collate): row n's blocks are k(t) = (t + r) // B, so block k starts at kB - r and the
+    known context above can end anywhere, not only at multiples of B. Distances are unchanged.
     loss = mean CE(noisy) + alpha * mean CE(clean); alpha = 0 is the paper's "no SFT loss" ablation;
     bidirectional=True swaps in the block-diffusion mask (the paper's BD3LM baseline).
     Returns (loss, noisy_ce, clean_ce)."""
     N, L = x.shape
-    if L % block_size:
+    if offsets is None and L % block_size:
         raise ValueError(f"sequence length {L} must be a multiple of block_size {block_size}: use collate()")
+    if offsets is not None and tuple(offsets.shape) != (N,):
+        raise ValueError(f"offsets must have shape ({N},), one per example, got {tuple(offsets.shape)}")
     noisy = torch.where(response, torch.full_like(x, mask_id), x)
     inputs = torch.cat([x, noisy], dim=1)  # (N, 2L)
     pos = torch.arange(L, device=x.device).repeat(2).expand(N, 2 * L)  # (N, 2L): 0..L-1, 0..L-1
     make_mask = block_diffusion_mask if bidirectional else mars_train_mask
-    logits = model(inputs, pos, make_mask(L, block_size, device=x.device))  # (N, 2L, V)
+    # (2L, 2L), or (N, 2L, 2L) with per-example offsets
+    mask = make_mask(L, block_size, device=x.device, offset=0 if offsets is None else offsets)
+    logits = model(inputs, pos, mask)  # (N, 2L, V)
     clean_ce = F.cross_entropy(logits[:, :L].flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
     noisy_ce = F.cross_entropy(logits[:, L:].flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
     return noisy_ce + alpha * clean_ce, noisy_ce, clean_ce

@@ -3,8 +3,11 @@ Every attention mask of nanoMARS, written by hand over index grids. True = the q
 the key (column). The model takes these as they are; nothing else decides who sees whom.
 
 The MARS training input is one sequence of length 2L: [clean x_0..x_{L-1} | noisy n_0..n_{L-1}], where the
-noisy stream has MASK in place of response tokens. B is the block size; block index k(t) = t // B.
-docs/mars.md, section "The mask", explains the rules and draws the picture.
+noisy stream has MASK in place of response tokens. B is the block size; block index k(t) = (t + r) // B,
+where r is the example's block offset (0 by default: blocks counted from position 0). With r = 0 the known
+context of every noisy prediction has a length that is a multiple of B, while a decoder's window starts
+wherever the answer has got to; training with random offsets r in [0, B) shows the model every alignment.
+docs/mars.md, section "The mask", explains the rules and draws the picture (r = 0).
 """
 import torch
 
@@ -17,31 +20,44 @@ def causal_mask(T, device=None):
     return k <= q  # (T, T)
 
 
-def _dual_track_grid(L, block_size, device=None):
-    # for each of the 2L rows/cols of [clean | noisy]: is it noisy, its position t, its block k(t)
+def _dual_track_grid(L, block_size, offset=0, device=None):
+    """For each of the 2L rows (queries) and columns (keys) of [clean | noisy]: is it noisy, its position t,
+    its block k(t) = (t + offset) // B. offset: an int, or an (N,) tensor of per-example offsets; then the
+    block grids get a leading N dimension and so does every mask built from them. Only offset mod B
+    matters (adding B renumbers every block by one and changes no comparison)."""
+    if isinstance(offset, torch.Tensor):
+        if offset.dim() != 1:
+            raise ValueError(f"offset must be an int or an (N,) tensor, got shape {tuple(offset.shape)}")
+        device = offset.device if device is None else device
+        offset = offset.to(device)[:, None]  # (N, 1): broadcasts against t (2L,) to (N, 2L)
     i = torch.arange(2 * L, device=device)
     noisy, t = i >= L, i % L
-    blk = t // block_size
-    return (noisy[:, None], t[:, None], blk[:, None]), (noisy[None, :], t[None, :], blk[None, :])
+    blk = (t + offset) // block_size  # (2L,) or (N, 2L)
+    return (noisy[:, None], t[:, None], blk[..., :, None]), (noisy[None, :], t[None, :], blk[..., None, :])
 
 
-def mars_train_mask(L, block_size, device=None):
-    """The MARS dual-track mask (2L, 2L):
+def mars_train_mask(L, block_size, device=None, offset=0):
+    """The MARS dual-track mask, with k(t) = (t + offset) // B:
     clean t -> clean s  iff s <= t                     (ordinary causal)
     noisy t -> noisy s  iff k(s) == k(t) and s <= t    (causal, only inside its own block)
     noisy t -> clean s  iff k(s) <  k(t)               (all clean tokens of earlier blocks)
-    clean t -> noisy s  never"""
-    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, device)
+    clean t -> noisy s  never
+    offset: an int -> one (2L, 2L) mask; an (N,) tensor -> (N, 2L, 2L), row n's blocks shifted by
+    offset[n]. A nonzero offset makes the first block (and usually the last) shorter than B, so the known
+    context of a noisy prediction can end anywhere, as it does when decoding. offset 0 = blocks from
+    position 0, the paper's mask."""
+    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, offset, device)
     clean_clean = ~qn & ~kn & (kt <= qt)
     noisy_noisy = qn & kn & (kk == qk) & (kt <= qt)
     noisy_clean = qn & ~kn & (kk < qk)
     return clean_clean | noisy_noisy | noisy_clean
 
 
-def block_diffusion_mask(L, block_size, device=None):
-    """The paper's BD3LM-style ablation: like mars_train_mask, but a noisy token sees EVERY noisy token of
-    its block, later ones included. That breaks the left-to-right attention of AR (gap 2 of the spec)."""
-    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, device)
+def block_diffusion_mask(L, block_size, device=None, offset=0):
+    """The paper's BD3LM-style ablation: like mars_train_mask (same blocks, same offset argument), but a
+    noisy token sees EVERY noisy token of its block, later ones included. That breaks the left-to-right
+    attention of AR (docs/mars.md, section 1, difference 2)."""
+    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, offset, device)
     clean_clean = ~qn & ~kn & (kt <= qt)
     noisy_noisy = qn & kn & (kk == qk)
     noisy_clean = qn & ~kn & (kk < qk)

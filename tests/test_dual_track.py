@@ -1,10 +1,14 @@
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from conftest import random_model
-from nanomars.dual_track import IGNORE, ar_loss, collate, dual_track_loss
+from nanomars.checkpoint import load_checkpoint
+from nanomars.dual_track import IGNORE, ar_loss, collate, dual_track_loss, random_offsets
 from nanomars.masks import causal_mask
 
 EOS, MASK = 90, 96
@@ -20,9 +24,38 @@ def test_collate_pads_with_eos_targets_to_a_block_multiple():
     assert targets.tolist() == [[I, I, 4, 5, 6, EOS, EOS, I], [I, 9, 10, I, I, I, I, I]]
 
 
-def hand_loss(model, x, response, targets, B, alpha):
+def test_collate_with_offsets_completes_each_shifted_last_block():
+    # block k of an example with offset r spans kB - r .. kB - r + B - 1: pad until (length + r) % B == 0
+    ex = ([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1])
+    x, response, targets = collate([ex, ex, ex, ex], 4, EOS, offsets=torch.tensor([0, 1, 2, 3]))
+    E, I = EOS, IGNORE
+    assert x.tolist() == [[1, 2, 3, 4, 5, 6, E, E, E],   # r 0: 6 + 2 pads = 8, a multiple of 4
+                          [1, 2, 3, 4, 5, 6, E, E, E],   # r 1: 6 + 1 = 7, blocks 0-2 3-6; batch padding after
+                          [1, 2, 3, 4, 5, 6, E, E, E],   # r 2: 6 + 0 = 6, blocks 0-1 2-5; batch padding after
+                          [1, 2, 3, 4, 5, 6, E, E, E]]   # r 3: 6 + 3 = 9, blocks 0 1-4 5-8
+    assert response.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1, 1, 0, 0],
+                                 [0, 0, 0, 1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1, 1, 1, 1]]
+    assert targets.tolist() == [[I, I, 4, 5, 6, E, E, I, I], [I, I, 4, 5, 6, E, I, I, I],
+                                [I, I, 4, 5, 6, I, I, I, I], [I, I, 4, 5, 6, E, E, E, I]]
+    # offsets all 0 pad exactly as without offsets
+    plain = collate([ex, ([7, 8, 9], [0, 1, 1])], 4, EOS)
+    zeros = collate([ex, ([7, 8, 9], [0, 1, 1])], 4, EOS, offsets=torch.zeros(2, dtype=torch.long))
+    assert all(torch.equal(a, b) for a, b in zip(plain, zeros))
+
+
+def test_random_offsets_are_seeded_and_in_range():
+    a = random_offsets(1000, 4, torch.Generator().manual_seed(5))
+    b = random_offsets(1000, 4, torch.Generator().manual_seed(5))
+    assert a.shape == (1000,) and a.dtype == torch.long and torch.equal(a, b)
+    assert set(a.tolist()) == {0, 1, 2, 3}
+    assert not torch.equal(a, random_offsets(1000, 4, torch.Generator().manual_seed(6)))
+    assert set(random_offsets(50, 1, torch.Generator().manual_seed(0)).tolist()) == {0}  # B = 1: nothing to shift
+
+
+def hand_loss(model, x, response, targets, B, alpha, offsets=None):
     """The dual-track loss computed the slow way: every prediction is an ordinary causal forward over the
-    context that prediction is allowed to see, exactly as the decoder will present it."""
+    context that prediction is allowed to see, exactly as the decoder will present it. With offset r, the
+    block holding t starts at ((t + r) // B) * B - r (at 0 for the first, shorter block)."""
     L = x.shape[1]
     clean_terms, noisy_terms = [], []
     for row in range(x.shape[0]):
@@ -34,8 +67,9 @@ def hand_loss(model, x, response, targets, B, alpha):
             ctx = x[row, :t + 1]
             logp = model(ctx[None], torch.arange(t + 1)[None], causal_mask(t + 1))[0, -1].log_softmax(-1)
             clean_terms.append(-logp[y])
-            # noisy: clean x_0..x_{kB-1}, then the noisy tokens kB..t (masks where response)
-            k0 = (t // B) * B
+            # noisy: clean x_0..x_{k0-1}, then the noisy tokens k0..t (masks where response), k0 = its block start
+            r = 0 if offsets is None else int(offsets[row])
+            k0 = max(0, ((t + r) // B) * B - r)
             noisy_part = torch.where(response[row, k0:t + 1], MASK, x[row, k0:t + 1])
             ctx = torch.cat([x[row, :k0], noisy_part])
             logp = model(ctx[None], torch.arange(t + 1)[None], causal_mask(t + 1))[0, -1].log_softmax(-1)
@@ -55,6 +89,71 @@ def test_dual_track_loss_equals_hand_computed(alpha):
     assert torch.allclose(noisy, want_noisy, atol=1e-5)
     assert torch.allclose(clean, want_clean, atol=1e-5)
     assert torch.allclose(loss, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("offsets", [[1, 1], [3, 3], [2, 0], [1, 3]])
+def test_dual_track_loss_with_offsets_equals_hand_computed(offsets):
+    model = random_model()
+    offsets = torch.tensor(offsets)
+    x, response, targets = collate([([1, 2, 3, 4, 5, 6, 7], [0, 0, 0, 1, 1, 1, 1]),
+                                    ([11, 12, 13, 14, 15, 16, 17, 18, 19], [0, 0, 0, 0, 0, 1, 1, 1, 1])], 4, EOS,
+                                   offsets=offsets)
+    loss, noisy, clean = dual_track_loss(model, x, response, targets, 4, MASK, 0.5, offsets=offsets)
+    want, want_noisy, want_clean = hand_loss(model, x, response, targets, 4, 0.5, offsets)
+    assert torch.allclose(noisy, want_noisy, atol=1e-5)
+    assert torch.allclose(clean, want_clean, atol=1e-5)
+    assert torch.allclose(loss, want, atol=1e-5)
+
+
+def test_offsets_change_the_noisy_loss_only():
+    # same batch (collated as for offset 0), blocks shifted: the clean stream is plain causal, untouched;
+    # the noisy stream sees different known contexts
+    model = random_model()
+    x, response, targets = collate([([1, 2, 3, 4, 5, 6, 7, 8], [0, 0, 0, 1, 1, 1, 1, 1]),
+                                    ([9, 10, 11, 12], [0, 0, 1, 1])], 4, EOS)
+    _, n0, c0 = dual_track_loss(model, x, response, targets, 4, MASK)
+    _, z0, d0 = dual_track_loss(model, x, response, targets, 4, MASK, offsets=torch.zeros(2, dtype=torch.long))
+    assert torch.equal(n0, z0) and torch.equal(c0, d0)
+    for r in (1, 2, 3):
+        for bidirectional in (False, True):
+            _, n1, c1 = dual_track_loss(model, x, response, targets, 4, MASK, bidirectional=bidirectional,
+                                        offsets=torch.full((2,), r))
+            _, n2, _ = dual_track_loss(model, x, response, targets, 4, MASK, bidirectional=bidirectional)
+            assert torch.allclose(c1, c0, atol=1e-6) and not torch.allclose(n1, n2, atol=1e-4), (r, bidirectional)
+
+
+def test_block_size_one_offsets_are_irrelevant():
+    model = random_model()
+    examples = [([1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 1, 1, 1]), ([8, 9, 10], [0, 1, 1])]
+    plain = collate(examples, 1, EOS)
+    want = dual_track_loss(model, *plain, 1, MASK)
+    for offsets in (random_offsets(2, 1, torch.Generator().manual_seed(0)), torch.tensor([3, 1])):
+        batch = collate(examples, 1, EOS, offsets=offsets)
+        assert all(torch.equal(a, b) for a, b in zip(batch, plain))
+        got = dual_track_loss(model, *batch, 1, MASK, offsets=offsets)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want))
+
+
+def test_offsets_must_be_one_per_example():
+    x, response, targets = collate([([1, 2, 3, 4], [0, 0, 1, 1])] * 2, 4, EOS)
+    with pytest.raises(ValueError, match="one per example"):
+        dual_track_loss(random_model(), x, response, targets, 4, MASK, offsets=torch.zeros(3, dtype=torch.long))
+
+
+def test_train_mars_with_random_offsets_end_to_end(tmp_path):
+    """train.py --stage mars --random_offsets on a tiny model from scratch: it trains and records the flag.
+    (One process: its time is torch's import; offsets come from the batch generator seeded by --seed.)"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = ["--stage", "mars", "--init_from", "scratch", "--random_offsets", "--max_iters", "2", "--n_layer", "1",
+            "--n_embd", "32", "--n_head", "2", "--n_kv_head", "1", "--intermediate_size", "64", "--batch_size", "4",
+            "--n_train", "50", "--eval_interval", "2", "--eval_batches", "1", "--device", "cpu", "--out_dir",
+            str(tmp_path)]
+    proc = subprocess.run([sys.executable, os.path.join(root, "train.py"), *args], cwd=root,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "held-out noisy" in proc.stdout
+    _, ckpt = load_checkpoint(f"{tmp_path}/mars.pt")
+    assert ckpt["step"] == 2 and ckpt["args"]["random_offsets"] is True
 
 
 def test_clean_stream_loss_is_the_ar_loss():

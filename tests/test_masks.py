@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from conftest import random_model
@@ -19,21 +20,98 @@ def test_mars_mask_matches_the_spec_picture():
     assert render_mask(mars_train_mask(8, 4), L=8, rows=[0, 3, 7, 8, 10, 12, 14]) == SPEC_PICTURE
 
 
-def test_mars_mask_all_rows_by_rule():
-    L, B = 12, 4
-    m = mars_train_mask(L, B)
+# the same mask with every block boundary shifted by an offset r: block k(t) = (t + r) // B
+OFFSET_1_PICTURE = """\
+            C0 C1 C2 C3 C4 C5 C6 C7 | N0 N1 N2 N3 N4 N5 N6 N7
+    C0       1  .  .  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C1       1  1  .  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C2       1  1  1  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C3       1  1  1  1  .  .  .  . |  .  .  .  .  .  .  .  .
+    C4       1  1  1  1  1  .  .  . |  .  .  .  .  .  .  .  .
+    C5       1  1  1  1  1  1  .  . |  .  .  .  .  .  .  .  .
+    C6       1  1  1  1  1  1  1  . |  .  .  .  .  .  .  .  .
+    C7       1  1  1  1  1  1  1  1 |  .  .  .  .  .  .  .  .
+    N0       .  .  .  .  .  .  .  . |  1  .  .  .  .  .  .  .
+    N1       .  .  .  .  .  .  .  . |  1  1  .  .  .  .  .  .
+    N2       .  .  .  .  .  .  .  . |  1  1  1  .  .  .  .  .
+    N3       1  1  1  .  .  .  .  . |  .  .  .  1  .  .  .  .
+    N4       1  1  1  .  .  .  .  . |  .  .  .  1  1  .  .  .
+    N5       1  1  1  .  .  .  .  . |  .  .  .  1  1  1  .  .
+    N6       1  1  1  .  .  .  .  . |  .  .  .  1  1  1  1  .
+    N7       1  1  1  1  1  1  1  . |  .  .  .  .  .  .  .  1"""
+
+OFFSET_3_PICTURE = """\
+            C0 C1 C2 C3 C4 C5 C6 C7 | N0 N1 N2 N3 N4 N5 N6 N7
+    C0       1  .  .  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C1       1  1  .  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C2       1  1  1  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C3       1  1  1  1  .  .  .  . |  .  .  .  .  .  .  .  .
+    C4       1  1  1  1  1  .  .  . |  .  .  .  .  .  .  .  .
+    C5       1  1  1  1  1  1  .  . |  .  .  .  .  .  .  .  .
+    C6       1  1  1  1  1  1  1  . |  .  .  .  .  .  .  .  .
+    C7       1  1  1  1  1  1  1  1 |  .  .  .  .  .  .  .  .
+    N0       .  .  .  .  .  .  .  . |  1  .  .  .  .  .  .  .
+    N1       1  .  .  .  .  .  .  . |  .  1  .  .  .  .  .  .
+    N2       1  .  .  .  .  .  .  . |  .  1  1  .  .  .  .  .
+    N3       1  .  .  .  .  .  .  . |  .  1  1  1  .  .  .  .
+    N4       1  .  .  .  .  .  .  . |  .  1  1  1  1  .  .  .
+    N5       1  1  1  1  1  .  .  . |  .  .  .  .  .  1  .  .
+    N6       1  1  1  1  1  .  .  . |  .  .  .  .  .  1  1  .
+    N7       1  1  1  1  1  .  .  . |  .  .  .  .  .  1  1  1"""
+
+
+def test_offset_masks_match_their_pictures():
+    # offset 1: blocks {0,1,2} {3,4,5,6} {7}; offset 3: blocks {0} {1,2,3,4} {5,6,7}
+    assert render_mask(mars_train_mask(8, 4, offset=1), L=8) == OFFSET_1_PICTURE
+    assert render_mask(mars_train_mask(8, 4, offset=3), L=8) == OFFSET_3_PICTURE
+
+
+def sees(q, k, L, B, r=0):
+    """The rule of docs/mars.md, section 3, with blocks k(t) = (t + r) // B: may query q see key k?"""
+    qn, t, kn, s = q >= L, q % L, k >= L, k % L
+    if not qn and not kn:
+        return s <= t
+    if qn and kn:
+        return (s + r) // B == (t + r) // B and s <= t
+    if qn:
+        return (s + r) // B < (t + r) // B
+    return False
+
+
+@pytest.mark.parametrize("L", [12, 10])
+@pytest.mark.parametrize("r", [0, 1, 2, 3])
+def test_mars_mask_all_rows_by_rule(L, r):
+    B = 4
+    m = mars_train_mask(L, B, offset=r)
+    bd = block_diffusion_mask(L, B, offset=r)
     for q in range(2 * L):
         for k in range(2 * L):
-            qn, t, kn, s = q >= L, q % L, k >= L, k % L
-            if not qn and not kn:
-                want = s <= t
-            elif qn and kn:
-                want = s // B == t // B and s <= t
-            elif qn:
-                want = s // B < t // B
-            else:
-                want = False
-            assert bool(m[q, k]) == want, (q, k)
+            assert bool(m[q, k]) == sees(q, k, L, B, r), (q, k)
+            t, s = q % L, k % L
+            same_block_noisy = q >= L and k >= L and (s + r) // B == (t + r) // B
+            assert bool(bd[q, k]) == (sees(q, k, L, B, r) or same_block_noisy), (q, k)
+
+
+def test_offset_zero_is_the_unshifted_mask_and_only_offset_mod_b_matters():
+    L, B = 8, 4
+    for make in (mars_train_mask, block_diffusion_mask):
+        assert torch.equal(make(L, B, offset=0), make(L, B))
+        assert torch.equal(make(L, B, offset=torch.zeros(3, dtype=torch.long)), make(L, B).expand(3, 2 * L, 2 * L))
+        for r in range(B):
+            assert torch.equal(make(L, B, offset=r + B), make(L, B, offset=r))
+        assert not torch.equal(make(L, B, offset=1), make(L, B))
+
+
+def test_per_example_offsets_give_each_row_its_own_mask():
+    L, B = 8, 4
+    offsets = torch.tensor([3, 0, 1, 2, 1])
+    for make in (mars_train_mask, block_diffusion_mask):
+        m = make(L, B, offset=offsets)
+        assert m.shape == (5, 2 * L, 2 * L)
+        for n, r in enumerate(offsets.tolist()):
+            assert torch.equal(m[n], make(L, B, offset=r)), (n, r)
+    with pytest.raises(ValueError, match="an int or an"):
+        mars_train_mask(L, B, offset=torch.zeros(2, 3, dtype=torch.long))
 
 
 def test_block_size_one_noisy_sees_all_earlier_clean():
@@ -41,6 +119,8 @@ def test_block_size_one_noisy_sees_all_earlier_clean():
     m = mars_train_mask(5, 1)
     assert torch.equal(m[5:, :5], torch.ones(5, 5, dtype=torch.bool).tril(-1))
     assert torch.equal(m[5:, 5:], torch.eye(5, dtype=torch.bool))
+    for r in (1, 2, 7):  # every block has one token whatever the offset
+        assert torch.equal(mars_train_mask(5, 1, offset=r), m)
 
 
 def test_block_diffusion_is_bidirectional_inside_a_block_only():
@@ -84,3 +164,34 @@ def test_no_leak_from_the_future():
     other = noisy.clone()
     other[4:] = 95  # a different noisy stream: every clean output must stay the same
     assert torch.allclose(dual_track_outputs(model, x, other, L)[:L], base[:L], atol=1e-6)
+
+
+@pytest.mark.parametrize("r", [0, 1, 2, 3])
+def test_no_leak_with_offsets(r):
+    """With blocks shifted by r: perturbing any token (clean or noisy) that a position may not see, by the
+    rule of docs/mars.md, never changes that position's output, and perturbing one it may see does. The
+    rule is closed under composition (what a visible key sees, the query sees too), so through several
+    layers an output still depends on exactly the tokens its own row of the rule allows."""
+    model, L, B = random_model(), 12, 4
+    g = torch.Generator().manual_seed(r)
+    x = torch.randint(0, 96, (L,), generator=g)
+    noisy = x.clone()
+    noisy[3:] = 96  # mask id; the first 3 tokens are "prompt"
+    base = torch.cat([x, noisy])
+    rows = [base]
+    for p in range(2 * L):  # row p + 1: token p of [clean | noisy] changed
+        changed = base.clone()
+        changed[p] = (changed[p] + 1) % 96
+        rows.append(changed)
+    inputs = torch.stack(rows)  # (2L + 1, 2L)
+    N = inputs.shape[0]
+    pos = torch.arange(L).repeat(2).expand(N, 2 * L)
+    with torch.no_grad():  # one forward, the per-example offset path: every row gets offset r
+        out = model(inputs, pos, mars_train_mask(L, B, offset=torch.full((N,), r)))  # (N, 2L, V)
+    for p in range(2 * L):
+        for q in range(2 * L):
+            diff = (out[p + 1, q] - out[0, q]).abs().max().item()
+            if sees(q, p, L, B, r):
+                assert diff > 1e-4, (p, q, diff)
+            else:
+                assert diff < 1e-6, (p, q, diff)

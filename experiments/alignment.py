@@ -1,0 +1,88 @@
+"""
+Does MARS's block alignment cost quality, and does training with random block offsets fix it?
+
+    python experiments/alignment.py              # resumable: finished runs in experiments/alignment.jsonl are skipped
+    nohup python experiments/alignment.py > out/alignment.log 2>&1 &
+
+Protocol (fixed before the first run): two task sets, each trained with train.py's defaults (B = 4, 1200 AR
+steps then 1200 MARS steps, seed 1337), once as released (blocks counted from position 0) and once with
+--random_offsets; one seed (the CPU budget), so differences of a point or two are within noise.
+- "suite": the default task suite; held-out split of 350 prompts (50 per family), family checkers.
+- "template": data/template_task.py, 3000 training prompts of one token length, 200 test prompts,
+  exact match.
+Each MARS model is evaluated on its test prompts (64 new tokens max) by greedy AR, MARS at tau 1 and 0.95
+(plain window), and MARS at 0.95 with windows that never cross a training block boundary (when the engine
+has that option); plus nanomars.diagnose.gate_errors at tau 0.95 (confident proposals that differ from
+greedy AR, by window start c mod B). Every finished step appends one JSON line to the results file.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from evaluate import evaluate  # noqa: E402
+from nanomars.checkpoint import load_model  # noqa: E402
+from nanomars.diagnose import format_gate_errors, gate_errors  # noqa: E402
+from nanomars.tasks import held_out_split, read_jsonl  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "experiments", "alignment.jsonl")
+OUT = os.path.join(ROOT, "out", "alignment")
+
+
+def done():
+    if not os.path.exists(RESULTS):
+        return set()
+    return {json.loads(line)["name"] for line in open(RESULTS) if line.strip()}
+
+
+def record(row):
+    with open(RESULTS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row)[:300], flush=True)
+
+
+def train(stage, out_dir, extra):
+    t0 = time.time()
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--stage", stage, "--out_dir", out_dir, *extra]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=open(os.path.join(out_dir, f"{stage}.log"), "w"))
+    return time.time() - t0
+
+
+def main():
+    torch.set_num_threads(1)
+    template = os.path.join(OUT, "template")
+    os.makedirs(template, exist_ok=True)
+    subprocess.run([sys.executable, os.path.join(ROOT, "data", "template_task.py"), "--out", template], check=True)
+    tasks = {"suite": ([], held_out_split()),
+             "template": (["--data", os.path.join(template, "train.jsonl")], read_jsonl(os.path.join(template, "test.jsonl")))}
+    for variant, flags in (("as_released", []), ("random_offsets", ["--random_offsets"])):
+        for task, (data_args, examples) in tasks.items():
+            task_dir = os.path.join(OUT, task)
+            os.makedirs(task_dir, exist_ok=True)
+            if f"{task}/ar" not in done():
+                record({"name": f"{task}/ar", "train_seconds": train("ar", task_dir, data_args)})
+            name = f"{task}/{variant}"
+            if name in done():
+                continue
+            run_dir = os.path.join(task_dir, variant)
+            os.makedirs(run_dir, exist_ok=True)
+            seconds = train("mars", run_dir, [*data_args, "--init_from", os.path.join(task_dir, "ar.pt"), *flags])
+            model, tok, B, _ = load_model(os.path.join(run_dir, "mars.pt"))
+            rows = {"AR": evaluate(model, tok, examples)}
+            for tau in (1.0, 0.95):
+                rows[f"MARS t={tau:g}"] = evaluate(model, tok, examples, tau, B)
+            prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in examples]
+            counts = gate_errors(model, prompts, tok.mask_id, B, 0.95, tok.stop_ids)
+            print(format_gate_errors(counts), flush=True)
+            record({"name": name, "train_seconds": seconds, "block_size": B,
+                    "eval": {k: {"accuracy": v["accuracy"]["all"], "tokens_per_forward": v["tokens_per_forward"]}
+                             for k, v in rows.items()},
+                    "gate_errors": {k: v.tolist() for k, v in counts.items()}})
+
+if __name__ == "__main__":
+    main()
