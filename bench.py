@@ -1,11 +1,19 @@
 """
 Batched decoding speed, side by side, on the held-out prompts of a trained model:
-  python bench.py             # batch sizes 1 4 8 16, every strategy: under a minute on an idle CPU
+  python bench.py             # batch sizes 1 4 8 16, every strategy: a few minutes on an idle CPU
   python bench.py --quick     # a smoke run, seconds
-Strategies: AR with KV cache (the baseline), MARS without a cache, MARS with the paper's block-level
-cache (B_cache 4/8/16/32), MARS with per-request caches, Jacobi decoding (greedy, exact; the same
-checkpoint decoded as the plain AR model it still is: no mask token is ever fed).
-Columns: tok/fwd = generated tokens / forwards that produced them, per row (the paper's count);
+Strategies: AR with KV cache (the baseline), MARS without a cache, MARS with nanoMARS's block-level
+cache (B_cache 4/8/16/32: the commit rides on the next forward), MARS with per-request caches, Jacobi
+decoding (greedy, exact; the same checkpoint decoded as the plain AR model it still is: no mask token is
+ever fed), and, all with per-request caches unless said: lossless MARS (the masks draft, AR verifies:
+AR's own tokens), adaptive windows and aligned windows (nanomars/batch_decode.py), and the paper's
+released block-cache sampler ("Paper block B_cache": the window is the rest of the B_cache-token block,
+one extra forward commits each block, rows fill their block past the stop token).
+The MARS rows decode the very same tokens; the other rows each decode their own.
+Columns: tok/fwd = generated tokens (up to the stop token) / forwards that produced them, per row (for
+the paper's block sampler: its prefill and commits included); paper = the released sampler's own count,
+for the "Paper block" rows only: every accepted token, post-stop ones included, / its prefill, commits and
+the forwards a row took tokens in (at batch 1 exactly the released code's statistic);
 fwd = model calls of the batch; tok/s = generated tokens / wall clock; xAR = wall clock of AR+cache on the
 same prompts / this strategy's, measured in the same run; acc = held-out accuracy (checked by program).
 Each batch of prompts is decoded by every strategy in turn, so machine noise hits all of them alike.
@@ -18,7 +26,7 @@ from functools import partial
 
 import torch
 
-from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi
+from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, batch_lossless, batch_paper_block
 from nanomars.checkpoint import load_model
 from nanomars.decode import check_decode_args
 from nanomars.cli import ArgumentParser, device_name, fail, nonneg_int, positive_int, tau_float
@@ -70,6 +78,11 @@ strategies = {
     **{f"MARS block {c}": partial(mars, cache="block", cache_block=c) for c in (4, 8, 16, 32)},
     "MARS per-request": partial(mars, cache="request"),
     "Jacobi": partial(batch_jacobi, window=B, stop_ids=tok.stop_ids),
+    "Lossless MARS": partial(batch_lossless, mask_id=tok.mask_id, block_size=B, stop_ids=tok.stop_ids),
+    "Adaptive window": partial(mars, cache="request", adaptive=True),
+    "Aligned window": partial(mars, cache="request", align=True),
+    **{f"Paper block {c}": partial(batch_paper_block, mask_id=tok.mask_id, cache_block=c, tau=args.tau,
+                                   stop_ids=tok.stop_ids) for c in (8, 32)},
 }
 
 results = []
@@ -78,7 +91,8 @@ for bs in args.batch_sizes:
     batches = [list(range(i, min(i + bs, len(prompts)))) for i in range(0, len(prompts), bs)]
     for run in strategies.values():  # warm up every path at this shape
         run(model, [prompts[i] for i in batches[0]], 8)
-    tot = {name: dict(tokens=0, row_forwards=0, forwards=0, seconds=0.0, correct=0) for name in strategies}
+    tot = {name: dict(tokens=0, row_forwards=0, forwards=0, seconds=0.0, correct=0, paper_tokens=0,
+                      paper_forwards=0) for name in strategies}
     for rows in batches:
         for name, run in strategies.items():
             t0 = time.perf_counter()
@@ -88,19 +102,25 @@ for bs in args.batch_sizes:
             t["tokens"] += out.tokens
             t["row_forwards"] += sum(r.forwards for r in out.rows)
             t["forwards"] += out.forwards
+            if out.paper_tokens is not None:  # the paper's block sampler: its own count too
+                t["paper_tokens"] += sum(out.paper_tokens)
+                t["paper_forwards"] += sum(out.paper_forwards)
             for i, r in zip(rows, out.rows):
                 t["correct"] += check(examples[i], tok.decode([x for x in r.tokens if x not in tok.stop_ids]))
     for name, t in tot.items():
+        paper = t["paper_tokens"] / t["paper_forwards"] if t["paper_forwards"] else None
         results.append(dict(strategy=name, batch_size=bs, tokens_per_forward=t["tokens"] / t["row_forwards"],
+                            paper_tokens_per_forward=paper,
                             batch_forwards=t["forwards"], tokens_per_s=t["tokens"] / t["seconds"],
                             x_ar=tot["AR+cache"]["seconds"] / t["seconds"], accuracy=t["correct"] / len(prompts),
                             tokens=t["tokens"], seconds=t["seconds"]))
 
 print(f"{args.ckpt}: {len(prompts)} held-out prompts, max_new_tokens {args.max_new_tokens}, block {B}, "
       f"tau {args.tau}, {torch.get_num_threads()} threads, {time.perf_counter() - t_start:.0f} s")
-print(f"{'strategy':<18}{'batch':>6}{'tok/fwd':>9}{'fwd':>7}{'tok/s':>9}{'xAR':>7}{'acc':>7}")
+print(f"{'strategy':<18}{'batch':>6}{'tok/fwd':>9}{'paper':>7}{'fwd':>7}{'tok/s':>9}{'xAR':>7}{'acc':>7}")
 for r in results:
-    print(f"{r['strategy']:<18}{r['batch_size']:>6}{r['tokens_per_forward']:>9.2f}{r['batch_forwards']:>7}"
+    paper = "" if r["paper_tokens_per_forward"] is None else f"{r['paper_tokens_per_forward']:.2f}"
+    print(f"{r['strategy']:<18}{r['batch_size']:>6}{r['tokens_per_forward']:>9.2f}{paper:>7}{r['batch_forwards']:>7}"
           f"{r['tokens_per_s']:>9.0f}{r['x_ar']:>7.2f}{r['accuracy']:>7.3f}")
 
 if args.profile:  # where the time goes: model ops (mm, attention, elementwise) vs the loop's own ops
