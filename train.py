@@ -32,7 +32,8 @@ p.add_argument("--init_from", default=None, help="stage ar: 'scratch' (default) 
 p.add_argument("--resume", action="store_true", help="continue this stage from out_dir/<stage>.pt")
 p.add_argument("--data", default=None, help="a JSONL of {'messages': [...]} (default: the built-in task suite)")
 p.add_argument("--n_train", type=positive_int, default=20000, help="examples drawn from the built-in suite")
-p.add_argument("--max_len", type=positive_int, default=512, help="examples longer than this are dropped")
+p.add_argument("--max_len", type=positive_int, default=None, help="examples longer than this are dropped "
+               "(default: 512, or the model's context if shorter)")
 # the method
 p.add_argument("--block_size", type=positive_int, default=4)
 p.add_argument("--alpha", type=nonneg_float, default=1.0, help="weight of the clean-stream (AR) loss; 0 = no SFT loss")
@@ -96,7 +97,7 @@ def load_model_and_tokenizer():
         tok = load_default_tokenizer()
         model = Decoder(Config(vocab_size=tok.vocab_size, n_layer=args.n_layer, n_embd=args.n_embd,
                                n_head=args.n_head, n_kv_head=args.n_kv_head,
-                               intermediate_size=args.intermediate_size, max_seq_len=args.max_len))
+                               intermediate_size=args.intermediate_size, max_seq_len=args.max_len or 512))
         model.init_weights()
         return model, tok, None, 0, None
     # resume this stage, or start from a checkpoint (stage 2 from stage 1) or a Hugging Face folder;
@@ -112,7 +113,9 @@ try:
     model, tok, hf_folder, step, opt_state = load_model_and_tokenizer()
 except (ValueError, FileNotFoundError) as e:
     fail(str(e))
-if args.max_len > model.config.max_seq_len:
+if args.max_len is None:
+    args.max_len = min(512, model.config.max_seq_len)
+elif args.max_len > model.config.max_seq_len:
     fail(f"--max_len {args.max_len} is longer than the model's context of {model.config.max_seq_len} tokens")
 args.lr = args.lr or (5e-6 if hf_folder else 2e-3 if args.stage == "ar" else 1e-3)
 model = model.to(args.device)
