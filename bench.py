@@ -2,6 +2,7 @@
 Batched decoding speed, side by side, on the held-out prompts of a trained model:
   python bench.py             # batch sizes 1 4 8 16, every strategy: a few minutes on an idle CPU
   python bench.py --quick     # a smoke run, seconds
+  python bench.py --ckpt path/to/hf_folder --data my.jsonl --device cuda --dtype bfloat16   # your model, data
 Strategies: AR with KV cache (the baseline), MARS without a cache, MARS with nanoMARS's block-level
 cache (B_cache 4/8/16/32: the commit rides on the next forward), MARS with per-request caches, Jacobi
 decoding (greedy, exact; the same checkpoint decoded as the plain AR model it still is: no mask token is
@@ -15,7 +16,7 @@ the paper's block sampler: its prefill and commits included); paper = the releas
 for the "Paper block" rows only: every accepted token, post-stop ones included, / its prefill, commits and
 the forwards a row took tokens in (at batch 1 exactly the released code's statistic);
 fwd = model calls of the batch; tok/s = generated tokens / wall clock; xAR = wall clock of AR+cache on the
-same prompts / this strategy's, measured in the same run; acc = held-out accuracy (checked by program).
+same prompts / this strategy's, measured in the same run; acc = accuracy judged by --check.
 Each batch of prompts is decoded by every strategy in turn, so machine noise hits all of them alike.
 Writes the table as JSON and a plot of xAR against batch size.
 """
@@ -29,18 +30,25 @@ import torch
 from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, batch_lossless, batch_paper_block
 from nanomars.checkpoint import load_model
 from nanomars.decode import check_decode_args
-from nanomars.cli import ArgumentParser, device_name, fail, nonneg_int, positive_int, tau_float
-from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, check, held_out_split
+from nanomars.cli import ArgumentParser, device_name, dtype_name, fail, nonneg_int, positive_int, tau_float
+from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, held_out_split, load_checker, prompt_messages, read_jsonl
 
 p = ArgumentParser(__doc__)
 p.add_argument("--ckpt", default="out/mars.pt", help="a nanoMARS checkpoint or a Hugging Face folder")
 p.add_argument("--tau", type=tau_float, default=0.95)
 p.add_argument("--block_size", type=positive_int, default=None, help="default: the checkpoint's training block size")
 p.add_argument("--batch_sizes", type=positive_int, nargs="+", default=[1, 4, 8, 16])
-p.add_argument("--n_prompts", type=positive_int, default=210, help="held-out prompts, mixed over the task families")
+p.add_argument("--n_prompts", type=positive_int, default=None, help="default: 210 held-out prompts mixed over the "
+               "task families, or every example of --data")
+p.add_argument("--data", default=None, help="a JSONL of {'messages': [...]} instead of the held-out suite: the model "
+               "answers the conversation up to its last assistant message, the reference")
+p.add_argument("--check", default="suite", help="how the acc column judges an answer: 'suite' (the suite's checkers; "
+               "exact match with the reference for other data) or FILE.py:FUNCTION / MODULE:FUNCTION, a function "
+               "(example dict, response str) -> bool")
 p.add_argument("--max_new_tokens", type=positive_int, default=64)
 p.add_argument("--out", default="out/bench", help="writes <out>.json and <out>.png")
 p.add_argument("--device", type=device_name, default="cpu")
+p.add_argument("--dtype", type=dtype_name, default="float32", help="float32 (exact: the MARS rows agree) or bfloat16")
 p.add_argument("--threads", type=nonneg_int, default=1, help="CPU threads; 0: torch's default. 1 by default: on a "
                "busy machine threads that wait for each other make every small forward many times slower")
 p.add_argument("--profile", action="store_true", help="also print torch.profiler's op table for AR+cache and "
@@ -49,22 +57,27 @@ p.add_argument("--quick", action="store_true", help="smoke run: 16 prompts, batc
 args = p.parse_args()
 if args.quick:
     args.n_prompts, args.batch_sizes, args.max_new_tokens = 16, [1, 8], 32
-if args.n_prompts > TEST_PER_FAMILY * len(FAMILIES):
-    fail(f"--n_prompts: the held-out split has {TEST_PER_FAMILY * len(FAMILIES)} prompts, asked for {args.n_prompts}")
 torch.manual_seed(0)
 if args.threads:
     torch.set_num_threads(args.threads)
 
 try:
-    model, tok, trained_block, _ = load_model(args.ckpt, args.device)
+    check = load_checker(args.check)
+    if args.data:
+        examples = read_jsonl(args.data)[:args.n_prompts]
+    else:
+        n = args.n_prompts or 210
+        if n > TEST_PER_FAMILY * len(FAMILIES):
+            fail(f"--n_prompts: the held-out split has {TEST_PER_FAMILY * len(FAMILIES)} prompts, asked for {n}")
+        # prompts round-robin over the task families, so every batch mixes prompt and answer lengths
+        k, F = -(-n // len(FAMILIES)), len(FAMILIES)
+        split = held_out_split(k)  # k of each family, family after family
+        examples = [split[f * k + i] for i in range(k) for f in range(F)][:n]
+    model, tok, trained_block, _ = load_model(args.ckpt, args.device, args.dtype)
 except (ValueError, FileNotFoundError) as e:
     fail(str(e))
 B = args.block_size or trained_block
-# prompts round-robin over the task families, so every batch mixes prompt and answer lengths
-k, F = -(-args.n_prompts // len(FAMILIES)), len(FAMILIES)
-split = held_out_split(k)  # k of each family, family after family
-examples = [split[f * k + i] for i in range(k) for f in range(F)][:args.n_prompts]
-prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in examples]
+prompts = [tok.prompt_ids(prompt_messages(ex)) for ex in examples]
 try:  # every strategy would refuse the same way: say it once, before anything runs
     for prompt in prompts:
         check_decode_args(model, prompt, args.max_new_tokens, B)
@@ -106,7 +119,7 @@ for bs in args.batch_sizes:
                 t["paper_tokens"] += sum(out.paper_tokens)
                 t["paper_forwards"] += sum(out.paper_forwards)
             for i, r in zip(rows, out.rows):
-                t["correct"] += check(examples[i], tok.decode([x for x in r.tokens if x not in tok.stop_ids]))
+                t["correct"] += bool(check(examples[i], tok.decode([x for x in r.tokens if x not in tok.stop_ids])))
     for name, t in tot.items():
         paper = t["paper_tokens"] / t["paper_forwards"] if t["paper_forwards"] else None
         results.append(dict(strategy=name, batch_size=bs, tokens_per_forward=t["tokens"] / t["row_forwards"],
@@ -115,7 +128,7 @@ for bs in args.batch_sizes:
                             x_ar=tot["AR+cache"]["seconds"] / t["seconds"], accuracy=t["correct"] / len(prompts),
                             tokens=t["tokens"], seconds=t["seconds"]))
 
-print(f"{args.ckpt}: {len(prompts)} held-out prompts, max_new_tokens {args.max_new_tokens}, block {B}, "
+print(f"{args.ckpt}: {len(prompts)} prompts from {args.data or 'the held-out suite'}, max_new_tokens {args.max_new_tokens}, block {B}, "
       f"tau {args.tau}, {torch.get_num_threads()} threads, {time.perf_counter() - t_start:.0f} s")
 print(f"{'strategy':<18}{'batch':>6}{'tok/fwd':>9}{'paper':>7}{'fwd':>7}{'tok/s':>9}{'xAR':>7}{'acc':>7}")
 for r in results:
@@ -135,7 +148,7 @@ if args.profile:  # where the time goes: model ops (mm, attention, elementwise) 
 
 os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 with open(args.out + ".json", "w") as f:
-    json.dump(dict(args=vars(args), block_size=B, results=results), f, indent=1)
+    json.dump(dict(args=vars(args), block_size=B, results=results), f, indent=1, default=str)
 import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt

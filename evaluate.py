@@ -1,6 +1,8 @@
 """
 Held-out accuracy per task family, decoded by AR and by MARS at several tau, on the same prompts:
   python evaluate.py --ckpt out/mars.pt --taus 1 0.95 0.9 0.7 --ar
+On a Hugging Face folder (a Qwen2.5 or a released MARS checkpoint, with its own tokenizer) and your data:
+  python evaluate.py --ckpt path/to/folder --data my.jsonl --check my_checks.py:is_right --device cuda
 evaluate() is also what the notebooks call.
 """
 import time
@@ -8,28 +10,34 @@ from collections import defaultdict
 
 import torch
 
+from nanomars.batch_decode import batch_decode
 from nanomars.checkpoint import load_model
-from nanomars.cli import ArgumentParser, device_name, positive_int, run, tau_float
+from nanomars.cli import ArgumentParser, device_name, dtype_name, positive_int, run, tau_float
 from nanomars.decode import ar_decode, mars_decode
-from nanomars.tasks import check, held_out_split, read_jsonl
+from nanomars.tasks import check, held_out_split, load_checker, prompt_messages, read_jsonl
 
 
-def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64):
+def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64, checker=check, **options):
     """Decode the user turn of every example (AR when tau is None, else MARS at tau); returns
-    {"accuracy": {family: frac, ..., "all": frac}, "tokens_per_forward", "tokens", "forwards", "seconds"}."""
+    {"accuracy": {family: frac, ..., "all": frac}, "tokens_per_forward", "tokens", "forwards", "seconds"}.
+    checker(example, response) -> bool (default: the suite's checkers, exact match for other examples).
+    options: the batch engine's MARS windows (align=True, adaptive=True, lossless=True, cache=...), still
+    one prompt at a time."""
     right, total = defaultdict(int), defaultdict(int)
     tokens = forwards = 0
     t0 = time.perf_counter()
     for ex in examples:
-        last = max(i for i, m in enumerate(ex["messages"]) if m["role"] == "assistant")
-        prompt = tok.prompt_ids(ex["messages"][:last])  # the conversation up to the reply that is checked
-        if tau is None:
+        prompt = tok.prompt_ids(prompt_messages(ex))  # the conversation up to the reply that is checked
+        if options:
+            out = batch_decode(model, [prompt], max_new_tokens, tok.mask_id, block_size, 1.0 if tau is None else tau,
+                               tok.stop_ids, **options).rows[0]
+        elif tau is None:
             out = ar_decode(model, prompt, max_new_tokens, stop_ids=tok.stop_ids)
         else:
             out = mars_decode(model, prompt, max_new_tokens, tok.mask_id, block_size, tau, tok.stop_ids)
         answer = tok.decode([t for t in out.tokens if t not in tok.stop_ids])
         for key in (ex.get("family", "data"), "all"):
-            right[key] += check(ex, answer)
+            right[key] += bool(checker(ex, answer))
             total[key] += 1
         tokens, forwards = tokens + len(out.tokens), forwards + out.forwards
     return {"accuracy": {k: right[k] / total[k] for k in total}, "tokens_per_forward": tokens / forwards,
@@ -55,21 +63,26 @@ def main():
     p.add_argument("--block_size", type=positive_int, default=None, help="default: the checkpoint's training block size")
     p.add_argument("--n_per_family", type=positive_int, default=50, help="held-out prompts per task family (at most 50)")
     p.add_argument("--data", default=None, help="a JSONL of {'messages': [...]} to evaluate instead of the held-out "
-                   "suite: the last assistant message is the reference, checked by exact match")
+                   "suite: the model answers the conversation up to its last assistant message, the reference")
+    p.add_argument("--check", default="suite", help="how an answer is judged: 'suite' (the suite's checkers; exact "
+                   "match with the reference for other data) or FILE.py:FUNCTION / MODULE:FUNCTION, a function "
+                   "(example dict, response str) -> bool")
     p.add_argument("--max_new_tokens", type=positive_int, default=64)
     p.add_argument("--device", type=device_name, default="cpu")
+    p.add_argument("--dtype", type=dtype_name, default="float32", help="float32 (exact: tau 1 == AR) or bfloat16")
     args = p.parse_args()
     if not args.ar and not args.taus:
         p.error("nothing to evaluate: give --ar and/or --taus")
     torch.manual_seed(0)
-    model, tok, trained_block, _ = load_model(args.ckpt, args.device)
+    checker = load_checker(args.check)
+    model, tok, trained_block, _ = load_model(args.ckpt, args.device, args.dtype)
     block_size = args.block_size or trained_block
     examples = read_jsonl(args.data) if args.data else held_out_split(args.n_per_family)
     rows = {}
     if args.ar:
-        rows["AR"] = evaluate(model, tok, examples, max_new_tokens=args.max_new_tokens)
+        rows["AR"] = evaluate(model, tok, examples, max_new_tokens=args.max_new_tokens, checker=checker)
     for tau in args.taus:
-        rows[f"MARS t={tau:g}"] = evaluate(model, tok, examples, tau, block_size, args.max_new_tokens)
+        rows[f"MARS t={tau:g}"] = evaluate(model, tok, examples, tau, block_size, args.max_new_tokens, checker)
     print(f"{args.ckpt}: {len(examples)} prompts from {args.data or 'the held-out suite'}, block_size {block_size}")
     print(format_table(rows))
 

@@ -15,7 +15,7 @@ import torch
 
 from nanomars.batch_decode import batch_ar, batch_decode
 from nanomars.checkpoint import load_model
-from nanomars.cli import ArgumentParser, device_name, nonneg_float, positive_int, run, tau_float
+from nanomars.cli import ArgumentParser, device_name, dtype_name, nonneg_float, positive_int, run, tau_float
 from nanomars.decode import show_spans
 from nanomars.model import default_device
 
@@ -49,13 +49,14 @@ def main():
     p.add_argument("--no_cache", action="store_true")
     p.add_argument("--brackets", action="store_true", help="mark spans with brackets even on a terminal")
     p.add_argument("--device", type=device_name, default=default_device())
+    p.add_argument("--dtype", type=dtype_name, default="float32", help="float32 (exact: tau 1 == AR) or bfloat16")
     args = p.parse_args()
     torch.manual_seed(args.seed)
     color = sys.stdout.isatty() and not args.brackets
     prompts = args.prompt or [DEFAULT_PROMPT]
     cache = None if args.no_cache else "request"
 
-    model, tok, trained_block, _ = load_model(args.ckpt, args.device)
+    model, tok, trained_block, _ = load_model(args.ckpt, args.device, args.dtype)
     block_size = args.block_size or trained_block
     if args.taus:
         return per_row_tau(model, tok, prompts[0], args.taus, block_size, args.max_new_tokens, color)

@@ -53,6 +53,19 @@ def device_name(text):
     return text
 
 
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
+
+def dtype_name(text):
+    """--dtype: the weights' dtype at inference. float32 is where "tau = 1 is exactly AR" holds bit for bit;
+    in bf16 MARS and AR can round near-tie argmaxes differently (docs/mars.md)."""
+    import torch
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: use float32, bfloat16 or float16")
+    return getattr(torch, DTYPES[text])
+
+
 def run(main):
     """Call main(); a ValueError or OSError (bad file, bad value found later) becomes one line."""
     try:

@@ -241,6 +241,35 @@ def check(example: dict, response: str) -> bool:
     reference = [m["content"] for m in example["messages"] if m["role"] == "assistant"][-1]
     return response.strip() == reference.strip()
 
+def prompt_messages(example: dict) -> list[dict]:
+    """The conversation up to the last assistant message: what a decoder is given to produce that reply."""
+    last = max(i for i, m in enumerate(example["messages"]) if m["role"] == "assistant")
+    return example["messages"][:last]
+
+def load_checker(spec: str) -> Callable[[dict, str], bool]:
+    """--check for the evaluation tools: "suite" (check above: the suite's checkers, exact match otherwise)
+    or "FILE.py:NAME" / "MODULE:NAME", a function (example dict, response str) -> bool of the user's."""
+    if spec == "suite":
+        return check
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"--check {spec!r}: expected 'suite', 'FILE.py:FUNCTION' or 'MODULE:FUNCTION'")
+    import importlib
+    import importlib.util
+    try:
+        if where.endswith(".py"):
+            module_spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (OSError, ImportError) as e:
+        raise ValueError(f"--check {spec!r}: cannot load {where} ({e})") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"--check {spec!r}: {where} has no function {name}")
+    return fn
+
 # -----------------------------------------------------------------------------
 # JSONL in the common {"messages": [{"role", "content"}, ...]} format (plus optional "family")
 

@@ -104,12 +104,20 @@ class ChatTokenizer:
         # encode_ordinary: a user typing "<|im_end|>" gets plain text, never the control token
         return self.enc.encode_ordinary(text)
 
+    def token_bytes(self, i) -> bytes:
+        # a model can have more embedding rows than its tokenizer has tokens (Qwen2.5: 151,936 rows for
+        # 151,665 tokens), and an untrained one predicts them: such an id reads as U+FFFD, not a crash
+        try:
+            return self.enc.decode_single_token_bytes(i)
+        except KeyError:
+            return "\ufffd".encode()
+
     def decode(self, ids) -> str:
-        return self.enc.decode(list(ids))
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
     def decode_tokens(self, ids) -> list[str]:
         """One printable piece per token (a piece may hold half a UTF-8 character, hence 'replace')."""
-        return [self.enc.decode_single_token_bytes(i).decode("utf-8", errors="replace") for i in ids]
+        return [self.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
 
     def render(self, messages, add_generation_prompt=False) -> tuple[list[int], list[int]]:
         """<|im_start|>{role}\\n{content}<|im_end|> joined by "\\n". loss_mask is 1 exactly on assistant

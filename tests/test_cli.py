@@ -136,6 +136,7 @@ SAMPLE_FLAGS = [
     (["--max_new_tokens", "0"], "argument --max_new_tokens"),
     (["--temperature", "-1"], "argument --temperature: must be a number >= 0"),
     (["--top_k", "0"], "argument --top_k"),
+    (["--dtype", "double"], "argument --dtype"),
 ]
 BAD_CHECKPOINTS = [
     ("missing.pt", "no checkpoint at"),
@@ -173,6 +174,8 @@ def test_sample_rejects_a_folder_that_is_not_a_model(tmp_path):
     (["--n_prompts", "100000"], "the held-out split has 350 prompts"),
     (["--max_new_tokens", "-1"], "argument --max_new_tokens"),
     (["--threads", "-1"], "argument --threads"),
+    (["--dtype", "float8"], "argument --dtype: unknown dtype 'float8'"),
+    (["--check", "nope"], "expected 'suite', 'FILE.py:FUNCTION'"),
 ])
 def test_bench_rejects_bad_numbers(files, args, expected):
     assert_one_line_error(run("bench.py", "--ckpt", files / "good.pt", *args), expected)
@@ -190,6 +193,8 @@ def test_bench_rejects_bad_checkpoints(files, ckpt, expected):
     (["--n_per_family", "51"], "the held-out split has 1..50 prompts per family"),
     (["--max_new_tokens", "0"], "argument --max_new_tokens"),
     (["--taus"], "nothing to evaluate"),
+    (["--dtype", "int8"], "argument --dtype: unknown dtype 'int8'"),
+    (["--data", "missing.jsonl"], "missing.jsonl"),
 ])
 def test_evaluate_rejects_bad_numbers(files, args, expected):
     assert_one_line_error(run("evaluate.py", "--ckpt", files / "good.pt", *args), expected)

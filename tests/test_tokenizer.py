@@ -109,3 +109,11 @@ def test_errors(tmp_path):
         ChatTokenizer(enc)
     with pytest.raises(FileNotFoundError, match="data/prepare.py"):
         load_default_tokenizer(tmp_path / "missing.tiktoken")
+
+
+def test_ids_beyond_the_tokenizer_decode_as_replacement(tok):
+    """Qwen2.5 has more embedding rows than tokens and an untrained model predicts the extra rows: they
+    must read as U+FFFD, with the text around them intact."""
+    ids = tok.encode("ab") + [tok.vocab_size + 5] + tok.encode("cd")
+    assert tok.decode(ids) == "ab\ufffdcd"
+    assert tok.decode_tokens([tok.vocab_size + 5]) == ["\ufffd"]
