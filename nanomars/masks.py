@@ -54,11 +54,27 @@ def mars_train_mask(L, block_size, device=None, offset=0):
 
 
 def block_diffusion_mask(L, block_size, device=None, offset=0):
-    """The paper's BD3LM-style ablation: like mars_train_mask (same blocks, same offset argument), but a
-    noisy token sees EVERY noisy token of its block, later ones included. That breaks the left-to-right
-    attention of AR (docs/mars.md, section 1, difference 2)."""
+    """Block diffusion, causal-clean variant (the released code's csbd_mask): like mars_train_mask (same
+    blocks, same offset argument), but a noisy token sees EVERY noisy token of its block, later ones
+    included. That breaks the left-to-right attention of AR (docs/mars.md, section 1, difference 2)."""
     (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, offset, device)
     clean_clean = ~qn & ~kn & (kt <= qt)
+    noisy_noisy = qn & kn & (kk == qk)
+    noisy_clean = qn & ~kn & (kk < qk)
+    return clean_clean | noisy_noisy | noisy_clean
+
+
+def bd3lm_mask(L, block_size, device=None):
+    """Block diffusion as the paper's BD3LM baseline ran it (the released code's block_diff_mask, in
+    nanoMARS's [clean | noisy] order):
+    clean t -> clean s  iff k(s) <= k(t)      (BLOCK-causal: a clean token sees all of its own block)
+    noisy t -> noisy s  iff k(s) == k(t)      (both directions inside its block)
+    noisy t -> clean s  iff k(s) <  k(t)
+    clean t -> noisy s  never
+    The clean stream carries no loss there (only the noisy one does), so seeing later tokens of its own
+    block leaks nothing: a noisy query reads clean tokens of earlier blocks only."""
+    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, 0, device)
+    clean_clean = ~qn & ~kn & (kk <= qk)
     noisy_noisy = qn & kn & (kk == qk)
     noisy_clean = qn & ~kn & (kk < qk)
     return clean_clean | noisy_noisy | noisy_clean

@@ -119,10 +119,12 @@ class ChatTokenizer:
         """One printable piece per token (a piece may hold half a UTF-8 character, hence 'replace')."""
         return [self.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
 
-    def render(self, messages, add_generation_prompt=False) -> tuple[list[int], list[int]]:
+    def render(self, messages, add_generation_prompt=False, last_turn_only=False) -> tuple[list[int], list[int]]:
         """<|im_start|>{role}\\n{content}<|im_end|> joined by "\\n". loss_mask is 1 exactly on assistant
-        content and its closing <|im_end|>. No "\\n" after the last <|im_end|>: the trainer pads with more
-        <|im_end|> tokens, which are targets too (the model learns to keep stopping)."""
+        content and its closing <|im_end|> (only the last assistant message's with last_turn_only, as the
+        released MARS code trains multi-turn data; earlier replies are then context). No "\\n" after the
+        last <|im_end|>: the trainer pads with more <|im_end|> tokens, which are targets too (the model
+        learns to keep stopping)."""
         if self.default_system is not None and (not messages or messages[0]["role"] != "system"):
             messages = [{"role": "system", "content": self.default_system}, *messages]
         ids, mask = [], []
@@ -131,6 +133,7 @@ class ChatTokenizer:
             ids.extend(tokens)
             mask.extend([loss] * len(tokens))
 
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
         for i, m in enumerate(messages):
             if i > 0:
                 add(self.encode("\n"), 0)
@@ -138,7 +141,7 @@ class ChatTokenizer:
                 # a reply is generated after the prompt's "assistant\n", so its tokens never merge
                 # with the header: encode them apart, exactly as they look at inference
                 add([self.im_start_id] + self.encode("assistant\n"), 0)
-                add(self.encode(m["content"]) + [self.eos_id], 1)
+                add(self.encode(m["content"]) + [self.eos_id], int(i == last or not last_turn_only))
             else:
                 add([self.im_start_id] + self.encode(f"{m['role']}\n{m['content']}") + [self.eos_id], 0)
         if add_generation_prompt:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from conftest import random_model
-from nanomars.masks import block_diffusion_mask, causal_mask, decode_mask, mars_train_mask, render_mask
+from nanomars.masks import bd3lm_mask, block_diffusion_mask, causal_mask, decode_mask, mars_train_mask, render_mask
 
 # the picture in docs/mars.md, L=8, B=4
 SPEC_PICTURE = """\
@@ -129,6 +129,55 @@ def test_block_diffusion_is_bidirectional_inside_a_block_only():
     blocks = torch.arange(L) // B
     assert torch.equal(bd[L:, L:], blocks[:, None] == blocks[None, :])
     assert torch.equal(bd[:, :L], mars[:, :L]) and torch.equal(bd[:L], mars[:L])
+
+
+# the two block-diffusion baselines, L=8, B=4: the noisy stream is the same (bidirectional inside a block,
+# clean blocks strictly before its own); the clean stream is token-causal (csbd-style, nanoMARS's
+# --bidirectional) or block-causal (the paper's BD3LM as released: it sees its whole block)
+CSBD_PICTURE = """\
+            C0 C1 C2 C3 C4 C5 C6 C7 | N0 N1 N2 N3 N4 N5 N6 N7
+    C0       1  .  .  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C1       1  1  .  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C2       1  1  1  .  .  .  .  . |  .  .  .  .  .  .  .  .
+    C3       1  1  1  1  .  .  .  . |  .  .  .  .  .  .  .  .
+    C4       1  1  1  1  1  .  .  . |  .  .  .  .  .  .  .  .
+    C5       1  1  1  1  1  1  .  . |  .  .  .  .  .  .  .  .
+    C6       1  1  1  1  1  1  1  . |  .  .  .  .  .  .  .  .
+    C7       1  1  1  1  1  1  1  1 |  .  .  .  .  .  .  .  .
+    N0       .  .  .  .  .  .  .  . |  1  1  1  1  .  .  .  .
+    N1       .  .  .  .  .  .  .  . |  1  1  1  1  .  .  .  .
+    N2       .  .  .  .  .  .  .  . |  1  1  1  1  .  .  .  .
+    N3       .  .  .  .  .  .  .  . |  1  1  1  1  .  .  .  .
+    N4       1  1  1  1  .  .  .  . |  .  .  .  .  1  1  1  1
+    N5       1  1  1  1  .  .  .  . |  .  .  .  .  1  1  1  1
+    N6       1  1  1  1  .  .  .  . |  .  .  .  .  1  1  1  1
+    N7       1  1  1  1  .  .  .  . |  .  .  .  .  1  1  1  1"""
+BD3LM_CLEAN_ROWS = """\
+            C0 C1 C2 C3 C4 C5 C6 C7 | N0 N1 N2 N3 N4 N5 N6 N7
+    C0       1  1  1  1  .  .  .  . |  .  .  .  .  .  .  .  .
+    C1       1  1  1  1  .  .  .  . |  .  .  .  .  .  .  .  .
+    C2       1  1  1  1  .  .  .  . |  .  .  .  .  .  .  .  .
+    C3       1  1  1  1  .  .  .  . |  .  .  .  .  .  .  .  .
+    C4       1  1  1  1  1  1  1  1 |  .  .  .  .  .  .  .  .
+    C5       1  1  1  1  1  1  1  1 |  .  .  .  .  .  .  .  .
+    C6       1  1  1  1  1  1  1  1 |  .  .  .  .  .  .  .  .
+    C7       1  1  1  1  1  1  1  1 |  .  .  .  .  .  .  .  ."""
+
+
+def test_block_diffusion_masks_match_their_pictures():
+    assert render_mask(block_diffusion_mask(8, 4), L=8) == CSBD_PICTURE
+    bd3lm = render_mask(bd3lm_mask(8, 4), L=8).splitlines()
+    assert "\n".join(bd3lm[:9]) == BD3LM_CLEAN_ROWS
+    assert bd3lm[9:] == CSBD_PICTURE.splitlines()[9:]  # the noisy rows are the csbd ones
+
+
+def test_bd3lm_noisy_rows_see_no_clean_token_of_their_own_block_or_later():
+    """The clean stream sees its whole block, so a noisy query must never read a clean token of its own
+    block or a later one (that would show it the answer)."""
+    L, B = 12, 4
+    m, blk = bd3lm_mask(L, B), torch.arange(L) // B
+    assert not (m[L:, :L] & (blk[None, :] >= blk[:, None])).any()
+    assert not m[:L, L:].any()  # clean never sees noisy
 
 
 def test_decode_mask_sees_cache_and_earlier_new_tokens_only():

@@ -90,6 +90,9 @@ def test_render_loss_mask_multi_turn(tok):
     assert "".join(p for p, m in zip(pieces, mask) if not m) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\na?<|im_end|>\n<|im_start|>assistant\n"
         "\n<|im_start|>user\nb?<|im_end|>\n<|im_start|>assistant\n")
+    ids_last, mask_last = tok.render(msgs, last_turn_only=True)  # the released code's multi-turn rule
+    assert ids_last == ids
+    assert "".join(p for p, m in zip(pieces, mask_last) if m) == "B.<|im_end|>"
 
 def test_generation_prompt_and_default_system(tok):
     ids = tok.prompt_ids("hi")
