@@ -1,0 +1,94 @@
+"""
+The paper's block-diffusion baseline (BD3LM), as the released code trains it, and a sampler to score it.
+It is here to be compared with MARS, which keeps attention left to right; docs/mars.md, "Baselines".
+
+Training (block_diffusion_loss), against MARS's dual_track_loss:
+- each sequence draws a time t = eps + (1 - eps) * U(0, 1) and hides each response token with
+  probability t (not all of them): MDLM's linear schedule;
+- the noisy stream attends in both directions inside its block; the clean stream is block-causal
+  (masks.bd3lm_mask; variant="csbd" swaps in the token-causal clean stream of block_diffusion_mask);
+- only the noisy stream has a loss, on the hidden tokens, each weighted by 1/t (MDLM's weight for the
+  linear schedule), over the sequence's target count ("sequence") or the batch's ("token").
+nanoMARS keeps its one shift here too: the output at position p predicts x_{p+1} (the released trainer
+predicts x_p at p unless told to right-shift its logits, as its MARS samplers do). A target counts when
+the token it predicts was hidden, so no output is ever scored on a token it can see.
+
+Decoding (block_diffusion_decode) follows what training shows the model. The outputs of noisy block
+k = positions kB..kB+B-1 predict x_{kB+1}..x_{kB+B}. With c known tokens, k = (c-1) // B is the block of
+the last one: feed x_0..x_{kB-1} as the clean stream (blocks < k), then block k in the noisy role (its
+known tokens real, the rest masks), and fill the unknown targets c..kB+B: each forward fills the most
+confident one (the released sampler's "low_confidence" order, one token per forward) and, with tau < 1,
+also every other one whose probability is >= tau. Then the next block. No cache: every forward
+recomputes the whole sequence (a baseline, kept short).
+"""
+import torch
+import torch.nn.functional as F
+
+from .dual_track import IGNORE
+from .masks import bd3lm_mask, block_diffusion_mask
+from .decode import Decoded, check_decode_args, cut
+
+EPS = 1e-3  # the released trainer's time_epsilon: t never reaches 0, so 1/t <= 1000
+
+
+def block_diffusion_loss(model, x, response, targets, block_size, mask_id, generator, variant="bd3lm",
+                         loss_norm="sequence"):
+    """x, response, targets: (N, L) from collate (L a multiple of B). generator: a torch.Generator on
+    x's device (the random times and hidden tokens). Returns (loss, noisy_ce): noisy_ce is the plain
+    mean CE of the hidden targets, for logging."""
+    N, L = x.shape
+    if L % block_size:
+        raise ValueError(f"sequence length {L} must be a multiple of block_size {block_size}: use collate()")
+    t = EPS + (1 - EPS) * torch.rand(N, device=x.device, generator=generator)  # (N,) one time per sequence
+    hidden = response & (torch.rand(N, L, device=x.device, generator=generator) < t[:, None])  # (N, L)
+    noisy = torch.where(hidden, torch.full_like(x, mask_id), x)
+    pos = torch.arange(L, device=x.device).repeat(2).expand(N, 2 * L)
+    make_mask = {"bd3lm": bd3lm_mask, "csbd": block_diffusion_mask}[variant]
+    logits = model(torch.cat([x, noisy], 1), pos, make_mask(L, block_size, device=x.device))[:, L:]  # (N, L, V)
+    scored = torch.zeros_like(hidden)
+    scored[:, :-1] = hidden[:, 1:] & (targets[:, :-1] != IGNORE)  # output at p, target x_{p+1}, hidden
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none").view(N, L)
+    weighted = (ce * scored) / t[:, None]  # (N, L)
+    n_targets = (targets != IGNORE).sum(1).clamp_min(1)  # (N,) every target, hidden or not, as released
+    if loss_norm == "sequence":
+        loss = (weighted.sum(1) / n_targets).mean()
+    else:
+        loss = weighted.sum() / n_targets.sum()
+    return loss, (ce * scored).sum() / scored.sum().clamp_min(1)
+
+
+@torch.no_grad()
+def block_diffusion_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=1.0, stop_ids=(),
+                           variant="bd3lm"):
+    """Greedy block-diffusion decoding (module docstring). Each span is the tokens one forward filled,
+    in position order; tokens/forward is 1 at tau = 1."""
+    check_decode_args(model, prompt, max_new_tokens, block_size, tau)
+    B, dev, out = block_size, model.embed.weight.device, Decoded()
+    make_mask = {"bd3lm": bd3lm_mask, "csbd": block_diffusion_mask}[variant]
+    known = list(prompt)
+    while len(out.tokens) < max_new_tokens:
+        c = len(known)
+        k = (c - 1) // B
+        end = k * B + B  # targets c..end are unknown; inputs c..end-1 are masks
+        filled = {}
+        while len(filled) < end - c + 1:
+            block = known[k * B:] + [filled.get(p, mask_id) for p in range(c, end)]  # noisy block k
+            L = k * B + B  # the clean stream holds positions < kB; both streams are L long, as in training
+            clean = known[:k * B] + [mask_id] * B  # block k of the clean stream is never seen by noisy
+            pos = torch.arange(L, device=dev).repeat(2)[None]
+            ids = torch.tensor([clean + known[:k * B] + block], device=dev)
+            logits = model(ids, pos, make_mask(L, B, device=dev))[0, L + c - 1:L + end]  # (end-c+1, V)
+            p, y = logits.softmax(-1).max(-1)
+            open_ = torch.tensor([q not in filled for q in range(c, end + 1)], device=dev)
+            best = int(torch.where(open_, p, -1.0).argmax())
+            take = (open_ & (p >= tau)) if tau < 1 else torch.zeros_like(open_)
+            take[best] = True
+            span = {c + i: int(y[i]) for i in take.nonzero()[:, 0].tolist()}
+            filled.update(span)
+            out.spans.append([span[q] for q in sorted(span)])
+        new, stopped = cut([filled[q] for q in range(c, end + 1)], max_new_tokens - len(out.tokens), stop_ids)
+        out.tokens += new
+        known += new
+        if stopped:
+            break
+    return out
