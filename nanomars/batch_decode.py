@@ -151,9 +151,8 @@ def forward_windows(model, x, start, n_real, B, cache=None, before=None):
     mask = decode_mask(start, W, int(start.max()) + W)  # (n, W, S): own row's slots up to itself
     # padding may run past the context; nothing attends it, so its position only has to be legal
     pos = slots.clamp(max=model.config.max_seq_len - 1)
-    logits = model(x, pos, mask, cache, slots)  # (n, W, V)
     cols = n_real[:, None] - 1 + torch.arange(B, device=x.device)  # (n, B); -1: the output before x
-    out = logits.gather(1, cols.clamp(0, W - 1)[..., None].expand(n, B, logits.shape[-1]))
+    out = model(x, pos, mask, cache, slots, keep=cols.clamp(0, W - 1))  # (n, B, V): logits only there
     if before is not None:
         out = torch.where((cols < 0)[..., None], before[:, None].to(out.dtype), out)
     return out

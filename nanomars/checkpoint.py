@@ -4,6 +4,7 @@ weights_only=True), and load_model, the ONE loader every script uses: a .pt chec
 Qwen2.5 / MARS folder -> (model, tokenizer, block size, checkpoint dict).
 """
 import os
+import zipfile
 from dataclasses import asdict
 
 import torch
@@ -26,15 +27,23 @@ def save_checkpoint(path, model, optimizer, step, args):
 
 
 def load_checkpoint(path, device="cpu"):
-    """Returns (model, ckpt). The file is read on the CPU and only the weights move to `device` (a resumed
-    run's optimizer state stays on the CPU until the optimizer loads it). Every problem is one
-    ValueError / FileNotFoundError naming the file: missing, unreadable, not ours, or weights that do not
-    fit the config stored beside them."""
+    """Returns (model, ckpt). Every problem is one ValueError / FileNotFoundError naming the file: missing,
+    unreadable, not ours, or weights that do not fit the config stored beside them.
+    The file is memory-mapped (mmap=True): pages are read when first touched, so the weights go from the
+    page cache straight to `device`, and a resumed run's optimizer state (twice the weights for AdamW)
+    stays on the CPU, unread until the optimizer loads it (inference never reads it).
+    A mapping is only safe while the file keeps its contents: rewriting it IN PLACE (cp or torch.save onto
+    the same path) or truncating it makes the next touch of a mapped page a SIGBUS; renaming a new file
+    over it (save_checkpoint does) or deleting it is safe. So the weights are always COPIED off the mapping
+    (on the CPU too) and ckpt["model"] is the model's own state dict; only ckpt["optimizer"] points into
+    the file until the optimizer has loaded it (to a GPU: a copy; a CPU optimizer keeps the tensors, and
+    its first step turns every page into a private copy)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py --stage ar) "
                                 "or pass the right path")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        # mmap needs torch's zip format; anything else (an old-format file, junk) is read whole as before
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ValueError(f"cannot read checkpoint {path} ({type(e).__name__}: {first_line}): the file is "
@@ -59,11 +68,14 @@ def load_checkpoint(path, device="cpu"):
             raise ValueError(f"{path}: weight {k} has shape {tuple(v.shape)} but the stored config "
                              f"({config.n_layer} layers, width {config.n_embd}, vocab {config.vocab_size}) "
                              f"needs {tuple(want[k].shape)}; the file was edited or mixed up")
-    model.load_state_dict(state, assign=True)
+    model.load_state_dict(state, assign=True)  # the parameters are now the file's mapped tensors ...
     if config.tie_embeddings:  # assign=True replaced both Parameters: make them one again
         model.lm_head.weight = model.embed.weight
-    model.inv_freq = model.rope_inv_freq()  # not in the checkpoint: computed, float32
-    return model.to(device), ckpt
+    for p in model.parameters():  # ... copied off the mapping here (a tied weight is yielded, copied, once)
+        p.data = p.data.to(device, copy=True)
+    model.inv_freq = model.rope_inv_freq().to(device)  # not in the checkpoint: computed, float32
+    ckpt["model"] = model.state_dict()
+    return model, ckpt
 
 
 def load_model(path, device="cpu", dtype=None):

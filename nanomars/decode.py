@@ -133,8 +133,9 @@ def mars_decode_plain(model, prompt, max_new_tokens, mask_id, block_size=4, tau=
     while len(out.tokens) < max_new_tokens:
         x = torch.tensor([known + [mask_id] * (block_size - 1)], device=dev)  # (1, T)
         T = x.shape[1]
-        logits = model(x, torch.arange(T, device=dev)[None], causal_mask(T, device=dev))[0]  # (T, V)
-        window = logits[len(known) - 1:]  # (B, V): the last real token's output, then each mask's
+        # logits only for the window (B, V): the last real token's output, then each mask's
+        window = model(x, torch.arange(T, device=dev)[None], causal_mask(T, device=dev),
+                       keep=slice(len(known) - 1, None))[0]
         span, stopped = cut(accept(window, tau), max_new_tokens - len(out.tokens), stop_ids)
         out.spans.append(span)
         out.tokens += span
@@ -171,9 +172,10 @@ def mars_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, 
         start = cache.lengths  # (1,) slots already holding real tokens
         slots = start[:, None] + torch.arange(len(fed), device=dev)[None]  # (1, T): also the positions
         mask = decode_mask(start, len(fed), int(start[0]) + len(fed))  # (1, T, S): the cache + itself
-        logits = model(torch.tensor([fed], device=dev), slots, mask, cache, slots)[0]  # (T, V)
+        # logits only for the window (B, V): the last real token's output, then each mask's
+        window = model(torch.tensor([fed], device=dev), slots, mask, cache, slots,
+                       keep=slice(len(pending) - 1, None))[0]
         cache.lengths += len(pending)  # keep real tokens' K/V only; the masks' fall beyond the length
-        window = logits[len(pending) - 1:]  # (B, V): the last real token's output, then each mask's
         span, stopped = cut(accept(window, tau), max_new_tokens - len(out.tokens), stop_ids)
         out.spans.append(span)
         out.tokens += span

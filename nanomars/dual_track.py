@@ -3,7 +3,6 @@ The training batch and the two losses: plain AR-SFT (stage 1) and the MARS dual-
 docs/mars.md sections 2-5 explain the method; the masks come from masks.py.
 """
 import torch
-import torch.nn.functional as F
 
 from .masks import block_diffusion_mask, causal_mask, mars_train_mask
 
@@ -49,11 +48,12 @@ def random_offsets(N, block_size, generator):
 
 
 def ar_loss(model, x, targets):
-    """Stage 1 (AR-SFT): next-token cross-entropy on response targets under a causal mask."""
+    """Stage 1 (AR-SFT): next-token cross-entropy on response targets under a causal mask. Logits are
+    computed only at the outputs that have a target (model.forward's keep), chunk by chunk."""
     N, L = x.shape
     pos = torch.arange(L, device=x.device).expand(N, L)
-    logits = model(x, pos, causal_mask(L, device=x.device))  # (N, L, V)
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+    keep = targets != IGNORE  # (N, L)
+    return model(x, pos, causal_mask(L, device=x.device), keep=keep, targets=targets[keep]).mean()
 
 
 def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0, bidirectional=False,
@@ -71,7 +71,8 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     offsets: None, or an (N,) long tensor of per-example block offsets r (random_offsets; pass the same
     ones to collate): row n's blocks are k(t) = (t + r) // B, so block k starts at kB - r and the
     known context above can end anywhere, not only at multiples of B. Distances are unchanged.
-    loss = mean CE(noisy) + alpha * mean CE(clean); alpha = 0 is the paper's "no SFT loss" ablation;
+    loss = mean CE(noisy) + alpha * mean CE(clean), each mean over the response targets (logits are
+    computed only at the outputs that have one); alpha = 0 is the paper's "no SFT loss" ablation;
     bidirectional=True swaps in the block-diffusion mask (the paper's BD3LM baseline).
     Returns (loss, noisy_ce, clean_ce)."""
     N, L = x.shape
@@ -85,7 +86,9 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     make_mask = block_diffusion_mask if bidirectional else mars_train_mask
     # (2L, 2L), or (N, 2L, 2L) with per-example offsets
     mask = make_mask(L, block_size, device=x.device, offset=0 if offsets is None else offsets)
-    logits = model(inputs, pos, mask)  # (N, 2L, V)
-    clean_ce = F.cross_entropy(logits[:, :L].flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
-    noisy_ce = F.cross_entropy(logits[:, L:].flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+    both = targets.repeat(1, 2)  # (N, 2L): the two streams share one target row
+    keep = both != IGNORE
+    ce = model(inputs, pos, mask, keep=keep, targets=both[keep])  # (K,), row by row in order
+    noisy = torch.arange(2 * L, device=x.device).expand(N, 2 * L)[keep] >= L  # (K,) the noisy stream's
+    clean_ce, noisy_ce = ce[~noisy].mean(), ce[noisy].mean()
     return noisy_ce + alpha * clean_ce, noisy_ce, clean_ce

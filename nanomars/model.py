@@ -99,10 +99,12 @@ class KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
 
     def update(self, layer, k, v, slots, n_keys):
-        # k, v: (N, nkv, T, hs) written at slots (N, T); returns the first n_keys slots of the layer
+        # k, v: (N, nkv, T, hs) written at slots (N, T); returns the first n_keys slots of the layer.
+        # Cast on write: under autocast with float32 weights K leaves RoPE in float32 but V leaves its
+        # Linear in bf16, and scatter_ needs one dtype (attention casts what it reads back itself).
         idx = slots[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, idx, k)
-        self.v[layer].scatter_(2, idx, v)
+        self.k[layer].scatter_(2, idx, k.to(self.k.dtype))
+        self.v[layer].scatter_(2, idx, v.to(self.v.dtype))
         return self.k[layer, :, :, :n_keys], self.v[layer, :, :, :n_keys]
 
 
@@ -128,16 +130,23 @@ class Attention(nn.Module):
         if cache is not None:  # keys/values now span the cache slots the mask talks about: (N, nkv, S, hs)
             k, v = cache.update(self.layer, k, v, slots, mask.shape[-1])
         mask = mask[:, None] if mask.dim() == 3 else mask  # (N, 1, T, S) or (T, S): broadcast over heads
+        rep = self.n_head // self.n_kv_head  # each kv head serves `rep` query heads (h = g * rep + r)
         if self.use_sdpa:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                               enable_gqa=self.n_kv_head != self.n_head)
-        else:
-            rep = self.n_head // self.n_kv_head  # each kv head serves `rep` query heads
+            # Grouped-query attention as ONE plain attention call with an explicit mask: kv head g's rep
+            # query heads are stacked along the query axis, (N, nh, T, hs) -> (N, nkv, rep*T, hs), and the
+            # mask is tiled to match, (rep*T, S). SDPA's enable_gqa=True with a mask rules out flash and,
+            # depending on the torch version, the memory-efficient kernel, leaving CUDA the math kernel
+            # (fp32 scores per head); a plain call with a mask can take the memory-efficient one
+            # (gpu_check.py reports the kernel picked). Unlike repeating K/V per query head, this copies
+            # only q and the boolean mask: a decode step feeds few queries against a long cache.
+            q = q.reshape(N, self.n_kv_head, rep * T, self.head_dim)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.tile(rep, 1))  # (N, nkv, rep*T, hs)
+        else:  # the plain reference: K/V repeated to every query head, softmax(q k^T / sqrt(hs)) v
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (N, nh, S, hs)
             att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (N, nh, T, S)
             att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
             y = att @ v  # (N, nh, T, hs)
-        y = y.transpose(1, 2).reshape(N, T, self.n_head * self.head_dim)
+        y = y.reshape(N, self.n_head, T, self.head_dim).transpose(1, 2).reshape(N, T, self.n_head * self.head_dim)
         return self.o_proj(y)
 
 
@@ -165,6 +174,23 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def linear_cross_entropy(h, weight, targets):
+    # h: (k, C), weight: (V, C), targets: (k,) -> (k,) float32 cross-entropies of the logits h @ weight^T
+    return F.cross_entropy(F.linear(h, weight).float(), targets, reduction="none")
+
+
+def chunked_cross_entropy(h, weight, targets, chunk=2**26):
+    """(K,) float32 cross-entropies of the logits h @ weight^T (h: (K, C), weight: (V, C)) against
+    targets (K,), without the (K, V) float32 logits ever existing at once: about chunk / V rows at a
+    time. Each chunk is checkpointed: autograd keeps only its inputs, and its logits are recomputed in
+    backward (plain autograd would keep every chunk's (rows, V) log-probabilities until backward). The
+    cost is one more lm_head forward over these rows; the result and gradients are the unchunked ones."""
+    rows = max(1, chunk // weight.shape[0])
+    return torch.cat([torch.utils.checkpoint.checkpoint(linear_cross_entropy, h[i:i + rows], weight,
+                                                        targets[i:i + rows], use_reentrant=False)
+                      for i in range(0, max(1, len(h)), rows)])  # one chunk at least: K = 0 gives (0,)
+
+
 class Decoder(nn.Module):
     def __init__(self, config: Config):
         super().__init__()
@@ -177,6 +203,7 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", self.rope_inv_freq(), persistent=False)
         self.grad_checkpointing = False  # recompute each block in backward: trades compute for memory
+        self.loss_chunk = 2**26  # logits the training loss computes at once (256 MB in float32)
 
     def rope_inv_freq(self):
         hs = self.config.n_embd // self.config.n_head
@@ -200,10 +227,16 @@ class Decoder(nn.Module):
         self.inv_freq = self.rope_inv_freq().to(self.inv_freq.device)
         return self
 
-    def forward(self, idx, pos, mask, cache=None, slots=None):
+    def forward(self, idx, pos, mask, cache=None, slots=None, keep=None, targets=None):
         """idx, pos: (N, T) token and position ids; mask: (N, T, S) or (T, S) bool, True = query t may
         attend key s, where the keys are the T inputs themselves (S = T) or, with a cache, its first S
         slots after this step's K/V were written at `slots` (N, T). Returns float32 logits (N, T, V).
+        keep: the outputs that get logits, as the lm_head is the largest matmul of a big-vocabulary model
+        (Qwen2.5: V = 151,936, 0.6 MB of float32 logits per output) and most outputs are never read.
+        None: all of them, (N, T, V); a slice or 1-D index tensor of positions: (N, k, V); an (N, k) long
+        tensor, positions per row: (N, k, V); an (N, T) bool tensor: (K, V), the True ones in row-major
+        order. targets: (K,) token ids, one per kept output: returns their float32 cross-entropies (K,)
+        instead of logits, computed chunk by chunk (chunked_cross_entropy), as training needs.
         Positions are not checked here (that would stall a GPU on every call): the decoders check the
         prompt against max_seq_len before they start, train.py drops examples longer than the context."""
         if idx.shape != pos.shape:
@@ -215,7 +248,16 @@ class Decoder(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = block(x, cos, sin, mask, cache, slots)
-        return self.lm_head(self.norm(x)).float()  # (N, T, V)
+        if isinstance(keep, torch.Tensor) and keep.dtype == torch.bool and keep.dim() == 2:
+            x = x[keep]  # (K, C)
+        elif isinstance(keep, torch.Tensor) and keep.dim() == 2:
+            x = x.gather(1, keep[..., None].expand(-1, -1, x.shape[-1]))  # (N, k, C)
+        elif keep is not None:
+            x = x[:, keep]  # (N, k, C)
+        x = self.norm(x)  # per output, so selecting first changes nothing
+        if targets is not None:
+            return chunked_cross_entropy(x, self.lm_head.weight, targets, self.loss_chunk)  # (K,)
+        return self.lm_head(x).float()  # (..., V)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once

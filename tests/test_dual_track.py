@@ -5,11 +5,12 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import random_model
 from nanomars.checkpoint import load_checkpoint
 from nanomars.dual_track import IGNORE, ar_loss, collate, dual_track_loss, random_offsets
-from nanomars.masks import causal_mask
+from nanomars.masks import causal_mask, mars_train_mask
 
 EOS, MASK = 90, 96
 
@@ -186,3 +187,85 @@ def test_length_not_multiple_of_block_is_an_error():
     with pytest.raises(ValueError, match="multiple of block_size"):
         dual_track_loss(random_model(), torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, 6, dtype=torch.bool),
                         torch.zeros(1, 6, dtype=torch.long), 4, MASK)
+
+
+def full_logits_losses(model, x, response, targets, B, offsets=None):
+    """The losses as they were computed before model.forward's keep/targets: logits (N, 2L, V) at every
+    output, then F.cross_entropy with ignore_index. Returns (ar loss, noisy_ce, clean_ce)."""
+    N, L = x.shape
+    logits = model(x, torch.arange(L).expand(N, L), causal_mask(L))
+    ar = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+    inputs = torch.cat([x, torch.where(response, MASK, x)], 1)
+    mask = mars_train_mask(L, B, offset=0 if offsets is None else offsets)
+    logits = model(inputs, torch.arange(L).repeat(2).expand(N, 2 * L), mask)
+    clean = F.cross_entropy(logits[:, :L].flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+    noisy = F.cross_entropy(logits[:, L:].flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+    return ar, noisy, clean
+
+
+def training_batch(offsets=None):
+    g = torch.Generator().manual_seed(5)
+    examples = [(torch.randint(1, 90, (n,), generator=g).tolist(), [0] * p + [1] * (n - p))
+                for n, p in ((13, 4), (22, 9), (7, 2))]
+    return collate(examples, 4, EOS, offsets=offsets)
+
+
+@pytest.mark.parametrize("offsets", [None, torch.tensor([1, 3, 0])])
+def test_chunked_losses_and_gradients_equal_the_full_logits_ones(offsets):
+    """Logits only at targeted outputs, cross-entropy a few rows at a time (checkpointed chunks): the
+    losses and every gradient are those of the full (N, T, V) logits, to float32 rounding."""
+    x, response, targets = training_batch(offsets)
+    results = []
+    for chunked in (True, False):
+        model = random_model().train()
+        model.loss_chunk = 97 * 5  # 5 rows a chunk: many chunks, a ragged last one
+        if chunked:
+            ar = ar_loss(model, x, targets)
+            _, noisy, clean = dual_track_loss(model, x, response, targets, 4, MASK, offsets=offsets)
+        else:
+            ar, noisy, clean = full_logits_losses(model, x, response, targets, 4, offsets)
+        (ar + noisy + 0.5 * clean).backward()
+        results.append([ar.detach(), noisy.detach(), clean.detach()] + [p.grad for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_loss_keeps_far_less_for_backward_and_never_builds_the_full_logits():
+    """Memory, measured on the CPU: (1) the bytes autograd saves for backward (saved_tensors_hooks, each
+    storage counted once) drop by at least the float32 log-probabilities (K, V) the full cross-entropy
+    keeps; (2) no op, forward or backward, makes a tensor as large as the (K, V) logits."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):  # the largest tensor any aten op returns
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    V = 2048  # a vocabulary large next to the width, as in real models
+    x, response, targets = training_batch()
+    K = 2 * int((targets != IGNORE).sum())  # outputs with a target, both streams
+    saved, largest = {}, {}
+    for name in ("full", "chunked"):
+        model = random_model(vocab_size=V).train()
+        model.loss_chunk = V * 8  # 8 rows a chunk
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with Largest() as mode:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                if name == "full":
+                    _, noisy, clean = full_logits_losses(model, x, response, targets, 4)
+                else:
+                    _, noisy, clean = dual_track_loss(model, x, response, targets, 4, MASK)
+            (noisy + clean).backward()
+        saved[name], largest[name] = sum(storages.values()), mode.numel
+    assert saved["full"] - saved["chunked"] >= K * V * 4, saved
+    # chunked, the largest are a chunk's logits (8, V) and the lm_head's gradient (V, C = 32)
+    assert largest["full"] >= K * V and largest["chunked"] <= 32 * V < K * V, (largest, K * V)
