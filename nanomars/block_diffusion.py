@@ -22,13 +22,10 @@ also every other one whose probability is >= tau. Then the next block. No cache:
 recomputes the whole sequence (a baseline, kept short).
 """
 import torch
-import torch.nn.functional as F
 
-from .dual_track import IGNORE
-from .masks import bd3lm_mask, block_diffusion_mask
 from .decode import Decoded, check_decode_args, cut
-
-EPS = 1e-3  # the released trainer's time_epsilon: t never reaches 0, so 1/t <= 1000
+from .dual_track import IGNORE, diffusion_times
+from .masks import bd3lm_mask, block_diffusion_mask
 
 
 def block_diffusion_loss(model, x, response, targets, block_size, mask_id, generator, variant="bd3lm",
@@ -39,22 +36,24 @@ def block_diffusion_loss(model, x, response, targets, block_size, mask_id, gener
     N, L = x.shape
     if L % block_size:
         raise ValueError(f"sequence length {L} must be a multiple of block_size {block_size}: use collate()")
-    t = EPS + (1 - EPS) * torch.rand(N, device=x.device, generator=generator)  # (N,) one time per sequence
+    t = diffusion_times(N, generator)  # (N,)
     hidden = response & (torch.rand(N, L, device=x.device, generator=generator) < t[:, None])  # (N, L)
     noisy = torch.where(hidden, torch.full_like(x, mask_id), x)
     pos = torch.arange(L, device=x.device).repeat(2).expand(N, 2 * L)
     make_mask = {"bd3lm": bd3lm_mask, "csbd": block_diffusion_mask}[variant]
-    logits = model(torch.cat([x, noisy], 1), pos, make_mask(L, block_size, device=x.device))[:, L:]  # (N, L, V)
     scored = torch.zeros_like(hidden)
     scored[:, :-1] = hidden[:, 1:] & (targets[:, :-1] != IGNORE)  # output at p, target x_{p+1}, hidden
-    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="none").view(N, L)
-    weighted = (ce * scored) / t[:, None]  # (N, L)
+    keep = torch.cat([torch.zeros_like(scored), scored], 1)  # (N, 2L): noisy outputs only
+    ce = model(torch.cat([x, noisy], 1), pos, make_mask(L, block_size, device=x.device), keep=keep,
+               targets=targets.repeat(1, 2)[keep])  # (K,)
+    rows = torch.arange(N, device=x.device)[:, None].expand(N, 2 * L)[keep]  # (K,)
+    weighted = ce / t[rows]  # MDLM's 1/t
     n_targets = (targets != IGNORE).sum(1).clamp_min(1)  # (N,) every target, hidden or not, as released
     if loss_norm == "sequence":
-        loss = (weighted.sum(1) / n_targets).mean()
+        loss = (torch.zeros(N, device=x.device).index_add(0, rows, weighted) / n_targets).mean()
     else:
         loss = weighted.sum() / n_targets.sum()
-    return loss, (ce * scored).sum() / scored.sum().clamp_min(1)
+    return loss, ce.detach().mean()
 
 
 @torch.no_grad()

@@ -56,8 +56,33 @@ def ar_loss(model, x, targets):
     return model(x, pos, causal_mask(L, device=x.device), keep=keep, targets=targets[keep]).mean()
 
 
+EPS = 1e-3  # the released trainers' time_epsilon: a diffusion time t is never below it, so 1/t <= 1000
+
+
+def diffusion_times(N, generator):
+    """(N,) times t = eps + (1 - eps) * U(0, 1), one per sequence, as the released diffusion-style trainers
+    draw them (MDLM with a linear schedule: hide each token with probability t, weight its loss by 1/t)."""
+    return EPS + (1 - EPS) * torch.rand(N, device=generator.device, generator=generator)
+
+
+def reduce_loss(ce, rows, N, loss_norm="token", weights=None):
+    """ce (K,): per-target losses, rows (K,): their example. "token": one mean over all K targets (a long
+    reply weighs in proportion to its length); "sequence": each example's mean, then the mean over the N
+    examples (the released MARS trainer's default: a short reply weighs as much as a long one).
+    weights (N,): each example's terms are multiplied by its weight first."""
+    if weights is not None:
+        ce = ce * weights[rows]
+    if loss_norm == "token":
+        return ce.sum() / max(1, ce.numel())
+    if loss_norm != "sequence":
+        raise ValueError(f"loss_norm must be 'token' or 'sequence', got {loss_norm!r}")
+    per_row = torch.zeros(N, device=ce.device).index_add(0, rows, ce.float())
+    count = torch.zeros(N, device=ce.device).index_add(0, rows, torch.ones_like(ce, dtype=torch.float32))
+    return (per_row / count.clamp_min(1)).mean()
+
+
 def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0, bidirectional=False,
-                    offsets=None):
+                    offsets=None, loss_norm="token", noisy_weights=None):
     """Stage 2 (MARS): one forward over [clean | noisy] of length 2L.
     clean c_t = x_t; noisy n_t = MASK where x_t is a response token, else x_t (prompt tokens stay real).
     Both halves use position ids 0..L-1, so noisy token t sits exactly where clean token t does.
@@ -72,9 +97,13 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     ones to collate): row n's blocks are k(t) = (t + r) // B, so block k starts at kB - r and the
     known context above can end anywhere, not only at multiples of B. Distances are unchanged.
     loss = mean CE(noisy) + alpha * mean CE(clean), each mean over the response targets (logits are
-    computed only at the outputs that have one); alpha = 0 is the paper's "no SFT loss" ablation;
-    bidirectional=True swaps in the block-diffusion mask (the paper's BD3LM baseline).
-    Returns (loss, noisy_ce, clean_ce)."""
+    computed only at the outputs that have one), taken as reduce_loss's loss_norm says; alpha = 0 is the
+    paper's "no SFT loss" ablation in its plain form; noisy_weights (N,) multiply each example's noisy
+    terms: 1 / diffusion_times(N) with alpha = 0 is that ablation as the released code ran it
+    (MARSTrainerNoSFT keeps MDLM's 1/t weight, one t per sequence, mean weight ~7, while hiding every
+    response token). bidirectional=True swaps in the block-diffusion mask (csbd-style; the paper's
+    BD3LM baseline itself is block_diffusion.py).
+    Returns (loss, noisy_ce, clean_ce), the last two plain unweighted means, for logging."""
     N, L = x.shape
     if offsets is None and L % block_size:
         raise ValueError(f"sequence length {L} must be a multiple of block_size {block_size}: use collate()")
@@ -90,5 +119,7 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     keep = both != IGNORE
     ce = model(inputs, pos, mask, keep=keep, targets=both[keep])  # (K,), row by row in order
     noisy = torch.arange(2 * L, device=x.device).expand(N, 2 * L)[keep] >= L  # (K,) the noisy stream's
-    clean_ce, noisy_ce = ce[~noisy].mean(), ce[noisy].mean()
-    return noisy_ce + alpha * clean_ce, noisy_ce, clean_ce
+    rows = torch.arange(N, device=x.device)[:, None].expand(N, 2 * L)[keep]  # (K,) each target's example
+    loss = (reduce_loss(ce[noisy], rows[noisy], N, loss_norm, noisy_weights) +
+            alpha * reduce_loss(ce[~noisy], rows[~noisy], N, loss_norm))
+    return loss, ce[noisy].mean().detach(), ce[~noisy].mean().detach()

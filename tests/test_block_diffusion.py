@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import random_model
-from nanomars.block_diffusion import EPS, block_diffusion_decode, block_diffusion_loss
-from nanomars.dual_track import IGNORE, collate
+from nanomars.block_diffusion import block_diffusion_decode, block_diffusion_loss
+from nanomars.dual_track import EPS, IGNORE, collate
 from nanomars.masks import bd3lm_mask
 
 B, MASK = 4, 259
@@ -88,3 +88,11 @@ def test_lower_tau_fills_several_per_forward_and_stops():
     stop = out.tokens[2]
     cut = block_diffusion_decode(model, [5, 6, 7], 12, MASK, B, tau=1e-6, stop_ids={stop})
     assert cut.tokens == out.tokens[:out.tokens.index(stop) + 1]
+
+
+def test_a_batch_with_nothing_hidden_still_backpropagates():
+    model = random_model(vocab_size=300).train()
+    x, response, targets = batch()
+    loss, _ = block_diffusion_loss(model, x, response & False, targets, B, MASK, torch.Generator().manual_seed(0))
+    loss.backward()
+    assert loss.item() == 0.0

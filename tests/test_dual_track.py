@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from conftest import random_model
 from nanomars.checkpoint import load_checkpoint
-from nanomars.dual_track import IGNORE, ar_loss, collate, dual_track_loss, random_offsets
+from nanomars.dual_track import IGNORE, ar_loss, collate, diffusion_times, dual_track_loss, random_offsets
 from nanomars.masks import causal_mask, mars_train_mask
 
 EOS, MASK = 90, 96
@@ -221,10 +221,11 @@ def test_chunked_losses_and_gradients_equal_the_full_logits_ones(offsets):
         model.loss_chunk = 97 * 5  # 5 rows a chunk: many chunks, a ragged last one
         if chunked:
             ar = ar_loss(model, x, targets)
-            _, noisy, clean = dual_track_loss(model, x, response, targets, 4, MASK, offsets=offsets)
+            loss, noisy, clean = dual_track_loss(model, x, response, targets, 4, MASK, 0.5, offsets=offsets)
         else:
             ar, noisy, clean = full_logits_losses(model, x, response, targets, 4, offsets)
-        (ar + noisy + 0.5 * clean).backward()
+            loss = noisy + 0.5 * clean
+        (ar + loss).backward()
         results.append([ar.detach(), noisy.detach(), clean.detach()] + [p.grad for p in model.parameters()])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -262,10 +263,40 @@ def test_chunked_loss_keeps_far_less_for_backward_and_never_builds_the_full_logi
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 if name == "full":
                     _, noisy, clean = full_logits_losses(model, x, response, targets, 4)
+                    loss = noisy + clean
                 else:
-                    _, noisy, clean = dual_track_loss(model, x, response, targets, 4, MASK)
-            (noisy + clean).backward()
+                    loss = dual_track_loss(model, x, response, targets, 4, MASK)[0]  # alpha 1
+            loss.backward()
         saved[name], largest[name] = sum(storages.values()), mode.numel
     assert saved["full"] - saved["chunked"] >= K * V * 4, saved
     # chunked, the largest are a chunk's logits (8, V) and the lm_head's gradient (V, C = 32)
     assert largest["full"] >= K * V and largest["chunked"] <= 32 * V < K * V, (largest, K * V)
+
+
+def test_sequence_normalisation_and_per_example_noisy_weights():
+    """loss_norm="sequence": each example's mean, then the mean over examples (short replies weigh as much
+    as long ones); noisy_weights multiply each example's noisy terms (the released no-SFT ablation's 1/t).
+    Checked against the per-target losses of the full logits, example by example."""
+    x, response, targets = training_batch()
+    model = random_model()
+    N, L = x.shape
+    inputs = torch.cat([x, torch.where(response, MASK, x)], 1)
+    logits = model(inputs, torch.arange(L).repeat(2).expand(N, 2 * L), mars_train_mask(L, 4))
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.repeat(1, 2).flatten(), ignore_index=IGNORE,
+                         reduction="none").view(N, 2 * L)
+    valid = targets != IGNORE
+    per_example = lambda half: torch.stack([half[n][valid[n]].mean() for n in range(N)])  # noqa: E731
+    clean_rows, noisy_rows = per_example(ce[:, :L]), per_example(ce[:, L:])
+    w = torch.tensor([1.0, 3.0, 10.0])
+    loss = dual_track_loss(model, x, response, targets, 4, MASK, 0.5, loss_norm="sequence", noisy_weights=w)[0]
+    torch.testing.assert_close(loss, (w * noisy_rows).mean() + 0.5 * clean_rows.mean(), rtol=1e-5, atol=1e-6)
+    token = dual_track_loss(model, x, response, targets, 4, MASK, 0.5)[0]  # the default: one mean
+    torch.testing.assert_close(token, ce[:, L:][valid].mean() + 0.5 * ce[:, :L][valid].mean(), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(token, dual_track_loss(model, x, response, targets, 4, MASK, 0.5,
+                                                     loss_norm="sequence")[0])  # replies differ in length
+
+
+def test_diffusion_times_are_the_released_ones():
+    t = diffusion_times(100000, torch.Generator().manual_seed(0))
+    assert t.min() >= 1e-3 and t.max() < 1
+    assert abs((1 / t).mean() - 6.9) < 0.3  # E[1/t] = ln(1/eps) / (1 - eps) = 6.91: heavy-tailed weights
