@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gpu_check import QWEN05, main, train_flops
+from gpu_check import QWEN05, main, peak_bf16_flops, sdpa_kernel_used, train_flops
 from nanomars.dual_track import ar_loss, collate, dual_track_loss
 from nanomars.model import Config, Decoder
 
@@ -19,6 +19,9 @@ def test_small_cpu_run(tmp_path, capsys):
     r = json.loads(out.read_text())
     assert "ERROR" not in capsys.readouterr().out
     assert {"parity", "train", "decode"} <= set(r) and not any("error" in r[k] for k in ("parity", "train", "decode"))
+    f = r["fsdp"]  # the FSDP2-sharded step ran, over a one-process group
+    assert "error" not in f and f["world"] == 1 and f["step_s"] > 0 and f["over_unsharded_step_time"] > 0
+    assert f["peak_mem_gib"] is None and f["mfu"] is None  # CUDA-only numbers
 
     pytest.importorskip("transformers")  # parity is skipped (and says so) without it
     for dtype, tol in (("fp32", 1e-4), ("bf16", 0.05)):
@@ -33,6 +36,10 @@ def test_small_cpu_run(tmp_path, capsys):
         assert s["step_s"] > 0 and s["tokens_per_s"] > 0 and s["processed_seq"] == seq
         assert s["peak_mem_gib"] is None and s["mfu"] is None  # CUDA-only numbers: n/a on CPU
     assert t["mars_over_ar_step_time"] > 0 and t["sdpa_backends_for_mars_mask"]["math"]
+    # the kernel the dispatcher actually took, found by the profiler (on a CPU: the flash-cpu or math one)
+    assert t["sdpa_kernel_for_mars_mask"] in ("flash-cpu", "math")
+    assert r["decode"]["sdpa_kernel"] in ("flash-cpu", "math", "flash-cpu+math")
+    assert r["peak_flops"] is None  # no GPU: no peak, no MFU
 
     d = r["decode"]
     for name in ("ar", "mars"):
@@ -66,5 +73,30 @@ def test_train_flops_formula_matches_torchs_flop_counter(stage):
     with FlopCounterMode(display=False) as counter:
         loss().backward()
     fed = L if stage == "ar" else 2 * L  # MARS feeds [clean | noisy]
+    n_logits = int((targets != -100).sum()) * (1 if stage == "ar" else 2)  # logits only where there is a target
+    recomputed = 2 * config.vocab_size * config.n_embd * n_logits  # the chunked loss's lm_head, again in backward
     # the formula also counts norm weights and biases as 6 FLOPs a token: a fraction of a percent here
-    assert train_flops(config, model.num_params(), N, fed) == pytest.approx(counter.get_total_flops(), rel=0.01)
+    assert train_flops(config, model.num_params(), N, fed, n_logits) + recomputed == pytest.approx(
+        counter.get_total_flops(), rel=0.01)
+
+
+@pytest.mark.parametrize("name, flops", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H200", 989e12), ("NVIDIA GH200 480GB", 989e12),
+    ("NVIDIA H100 PCIe", 756e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12),
+    ("NVIDIA L4", 121e12), ("NVIDIA GeForce RTX 4090", 165e12),
+    ("NVIDIA L40S", None), ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None), ("NVIDIA A10G", None),
+    ("NVIDIA GeForce RTX 4090 D", None), ("Tesla T4", None),
+])
+def test_peak_flops_by_gpu_model(name, flops):
+    assert peak_bf16_flops(name) == flops
+
+
+def test_sdpa_kernel_used_names_the_kernel_the_dispatcher_took():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(1, 2, 8, 16)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    call = lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)  # noqa: E731
+    with sdpa_kernel(SDPBackend.MATH):
+        assert sdpa_kernel_used(call) == "math"
+    assert sdpa_kernel_used(call) in ("flash-cpu", "math")
+    assert sdpa_kernel_used(lambda: q + 1) == "none seen"

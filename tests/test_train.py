@@ -54,6 +54,11 @@ def test_ddp_two_processes_end_with_identical_weights(tmp_path):
     digests = dict(re.findall(r"rank (\d): weights sha256 ([0-9a-f]{16})", log))
     assert set(digests) == {"0", "1"}, log
     assert digests["0"] == digests["1"]
+    # the same global batch (2 processes x 4 = 1 process x 2 micro-steps of 4) trains to the same weights
+    run(["--stage", "ar", "--max_iters", "3", "--grad_accum", "2", "--out_dir", str(tmp_path / "one"), *TINY])
+    ddp = load_checkpoint(f"{tmp_path}/ar.pt")[0].state_dict()
+    one = load_checkpoint(f"{tmp_path}/one/ar.pt")[0].state_dict()
+    assert max((ddp[k] - one[k]).abs().max().item() for k in ddp) < 1e-6  # float32 sums in another order
 
 
 def test_finetune_a_hugging_face_folder(tmp_path):
