@@ -25,7 +25,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nanomars.checkpoint import load_model, save_checkpoint
 from nanomars.cli import fail
-from nanomars.dual_track import ar_loss, collate, dual_track_loss, random_offsets
+from nanomars.block_diffusion import block_diffusion_loss
+from nanomars.dual_track import ar_loss, collate, diffusion_times, dual_track_loss, random_offsets
 from nanomars.model import Config, Decoder
 from nanomars.tasks import read_jsonl, held_out_split, train_examples
 from nanomars.tokenizer import load_default_tokenizer
@@ -107,7 +108,8 @@ args.lr = args.lr or (5e-6 if hf_folder else 2e-3 if args.stage == "ar" else 1e-
 model.grad_checkpointing = args.grad_checkpointing
 if master:
     print(f"stage {args.stage}: {model.num_params() / 1e6:.2f}M parameters from {init_from}, "
-          f"block_size {args.block_size}, alpha {args.alpha}, device {args.device}, world {world}"
+          f"block_size {args.block_size}, objective {args.objective}, alpha {args.alpha}, "
+          f"loss_norm {args.loss_norm}, device {args.device}, world {world}"
           + (" (FSDP)" if args.fsdp else ""))
 if args.fsdp:
     shard(model, device_type)  # in place: the same Decoder, its parameters now 1/world shards (DTensors)
@@ -118,7 +120,7 @@ else:
 
 # ------------------------------------------------------------------------------------------- data
 def render(examples):
-    rendered = [tok.render(ex["messages"]) for ex in examples]
+    rendered = [tok.render(ex["messages"], last_turn_only=args.last_turn_only) for ex in examples]
     return [r for r in rendered if len(r[0]) + args.block_size <= args.max_len]
 
 
@@ -141,14 +143,31 @@ if not train_set or not val_set:
          f"(+ block_size {args.block_size}): raise --max_len")
 
 
+global_batch = args.batch_size * args.grad_accum * world
+if args.epochs:
+    if len(train_set) < global_batch:
+        fail(f"--epochs: {len(train_set)} training examples make no batch of {global_batch}: lower --batch_size")
+    schedule_iters = args.epochs * (len(train_set) // global_batch)  # the lr schedule spans all epochs
+    args.max_iters = min(args.max_iters or schedule_iters, schedule_iters)
+else:
+    schedule_iters = args.max_iters = args.max_iters or 1200
+epoch_order = torch.zeros(0, dtype=torch.long)  # --epochs: the examples this epoch has not trained on yet
+
+
 def draw_step(gen):
     """The global batch of one optimizer step: batch_size x grad_accum x world example indices (and block
     offsets with --random_offsets), drawn alike on every rank from one seeded stream. Micro-step m of rank
     r trains on slice m * world + r, so what a step sees does not depend on how it is split: 2 processes
-    x 1 micro-step train as 1 process x 2 micro-steps (tests/test_fsdp.py)."""
-    n = args.batch_size * args.grad_accum * world
-    idx = torch.randint(len(train_set), (n,), generator=gen)
-    return idx, random_offsets(n, args.block_size, gen) if args.random_offsets else None
+    x 1 micro-step train as 1 process x 2 micro-steps (tests/test_fsdp.py). Drawn with replacement, or
+    with --epochs the next slice of the epoch's shuffled order (a fresh order once too few are left)."""
+    global epoch_order
+    if args.epochs:
+        if len(epoch_order) < global_batch:
+            epoch_order = torch.randperm(len(train_set), generator=gen)
+        idx, epoch_order = epoch_order[:global_batch], epoch_order[global_batch:]
+    else:
+        idx = torch.randint(len(train_set), (global_batch,), generator=gen)
+    return idx, random_offsets(global_batch, args.block_size, gen) if args.random_offsets else None
 
 
 def make_batch(data, idx, offsets=None):
@@ -159,17 +178,25 @@ def make_batch(data, idx, offsets=None):
     return (*(t.to(args.device, non_blocking=True) for t in tensors), offsets)
 
 
-def compute_loss(model, batch):
+def compute_loss(model, batch, draw=0):
     """Returns (loss, {name: detached loss}) for this stage; tensors, as .item() would make the CPU wait
-    for the GPU every micro-step: only logging steps read them."""
+    for the GPU every micro-step: only logging steps read them. draw seeds the objectives that draw at
+    random (no_sft_released's times, bd3lm's hidden tokens) from the step, so a resumed run repeats them."""
     x, response, targets, offsets = batch
+    gen = torch.Generator(x.device).manual_seed(args.seed * 7919 + draw)
     with autocast:
         if args.stage == "ar":
             loss = ar_loss(model, x, targets)
             return loss, {"ar": loss.detach()}
+        if args.objective == "bd3lm":
+            loss, noisy = block_diffusion_loss(model, x, response, targets, args.block_size, tok.mask_id, gen,
+                                               args.loss_norm)
+            return loss, {"noisy": noisy}
+        released = args.objective == "no_sft_released"
         loss, noisy, clean = dual_track_loss(model, x, response, targets, args.block_size, tok.mask_id,
-                                             args.alpha, args.bidirectional, offsets)
-    return loss, {"noisy": noisy.detach(), "clean": clean.detach()}
+                                             0.0 if released else args.alpha, args.objective == "csbd", offsets,
+                                             args.loss_norm, 1 / diffusion_times(len(x), gen) if released else None)
+    return loss, {"noisy": noisy, "clean": clean}
 
 
 @torch.no_grad()
@@ -189,7 +216,7 @@ def evaluate():
 def lr_at(it):  # linear warmup, then cosine decay to min_lr_ratio * lr
     if it < args.warmup:
         return args.lr * (it + 1) / args.warmup
-    frac = (it - args.warmup) / max(1, args.max_iters - args.warmup)
+    frac = (it - args.warmup) / max(1, schedule_iters - args.warmup)
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
@@ -247,7 +274,7 @@ while step < args.max_iters:
         # full-size bf16 gradient on every GPU between micro-steps (15 GB at 7B) and sum it in bf16
         sync = ddp_model.no_sync() if ddp_model and micro < args.grad_accum - 1 else contextlib.nullcontext()
         with sync:
-            loss, parts = compute_loss(model, batch)
+            loss, parts = compute_loss(model, batch, (step * args.grad_accum + micro) * world + rank + 1)
             (loss / args.grad_accum).backward()
         for k, v in {"loss": loss.detach(), **parts}.items():
             logged[k] = logged.get(k, 0.0) + v / args.grad_accum

@@ -6,14 +6,15 @@ Training (block_diffusion_loss), against MARS's dual_track_loss:
 - each sequence draws a time t = eps + (1 - eps) * U(0, 1) and hides each response token with
   probability t (not all of them): MDLM's linear schedule;
 - the noisy stream attends in both directions inside its block; the clean stream is block-causal
-  (masks.bd3lm_mask; variant="csbd" swaps in the token-causal clean stream of block_diffusion_mask);
+  (masks.bd3lm_mask);
 - only the noisy stream has a loss, on the hidden tokens, each weighted by 1/t (MDLM's weight for the
   linear schedule), over the sequence's target count ("sequence") or the batch's ("token").
 nanoMARS keeps its one shift here too: the output at position p predicts x_{p+1} (the released trainer
 predicts x_p at p unless told to right-shift its logits, as its MARS samplers do). A target counts when
 the token it predicts was hidden, so no output is ever scored on a token it can see.
 
-Decoding (block_diffusion_decode) follows what training shows the model. The outputs of noisy block
+Decoding (block_diffusion_decode; variant="csbd" for a model trained with train.py --objective csbd,
+whose clean stream is token-causal) follows what training shows the model. The outputs of noisy block
 k = positions kB..kB+B-1 predict x_{kB+1}..x_{kB+B}. With c known tokens, k = (c-1) // B is the block of
 the last one: feed x_0..x_{kB-1} as the clean stream (blocks < k), then block k in the noisy role (its
 known tokens real, the rest masks), and fill the unknown targets c..kB+B: each forward fills the most
@@ -28,8 +29,7 @@ from .dual_track import IGNORE, diffusion_times
 from .masks import bd3lm_mask, block_diffusion_mask
 
 
-def block_diffusion_loss(model, x, response, targets, block_size, mask_id, generator, variant="bd3lm",
-                         loss_norm="sequence"):
+def block_diffusion_loss(model, x, response, targets, block_size, mask_id, generator, loss_norm="sequence"):
     """x, response, targets: (N, L) from collate (L a multiple of B). generator: a torch.Generator on
     x's device (the random times and hidden tokens). Returns (loss, noisy_ce): noisy_ce is the plain
     mean CE of the hidden targets, for logging."""
@@ -40,11 +40,10 @@ def block_diffusion_loss(model, x, response, targets, block_size, mask_id, gener
     hidden = response & (torch.rand(N, L, device=x.device, generator=generator) < t[:, None])  # (N, L)
     noisy = torch.where(hidden, torch.full_like(x, mask_id), x)
     pos = torch.arange(L, device=x.device).repeat(2).expand(N, 2 * L)
-    make_mask = {"bd3lm": bd3lm_mask, "csbd": block_diffusion_mask}[variant]
     scored = torch.zeros_like(hidden)
     scored[:, :-1] = hidden[:, 1:] & (targets[:, :-1] != IGNORE)  # output at p, target x_{p+1}, hidden
     keep = torch.cat([torch.zeros_like(scored), scored], 1)  # (N, 2L): noisy outputs only
-    ce = model(torch.cat([x, noisy], 1), pos, make_mask(L, block_size, device=x.device), keep=keep,
+    ce = model(torch.cat([x, noisy], 1), pos, bd3lm_mask(L, block_size, device=x.device), keep=keep,
                targets=targets.repeat(1, 2)[keep])  # (K,)
     rows = torch.arange(N, device=x.device)[:, None].expand(N, 2 * L)[keep]  # (K,)
     weighted = ce / t[rows]  # MDLM's 1/t

@@ -24,20 +24,34 @@ def train_parser(doc):
                    "(with --fsdp: from the sharded out_dir/<stage>_dcp/)")
     p.add_argument("--data", default=None, help="a JSONL of {'messages': [...]} (default: the built-in task suite)")
     p.add_argument("--n_train", type=positive_int, default=20000, help="examples drawn from the built-in suite")
+    p.add_argument("--epochs", type=positive_int, default=None, help="data-limited training: every training "
+                   "example once per epoch, in a fresh seeded order (the last partial batch of an epoch is "
+                   "dropped): the schedule is epochs x (examples // global batch) steps (--max_iters, if given, stops "
+                   "earlier). Default: --max_iters steps, each batch drawn with replacement")
+    p.add_argument("--last_turn_only", action=SWITCH, default=False, help="train only the last assistant "
+                   "message of each conversation, as the released MARS code does (default: every one)")
     p.add_argument("--max_len", type=positive_int, default=None, help="examples longer than this are dropped "
                    "(default: 512, or the model's context if shorter)")
     # the method
     p.add_argument("--block_size", type=positive_int, default=4)
     p.add_argument("--alpha", type=nonneg_float, default=1.0, help="weight of the clean-stream (AR) loss; 0 = no SFT loss")
-    p.add_argument("--bidirectional", action=SWITCH, default=False,
-                   help="block-diffusion mask (the paper's BD3LM ablation)")
+    p.add_argument("--objective", choices=["mars", "no_sft_released", "bd3lm", "csbd"], default="mars",
+                   help="stage mars: 'mars': noisy CE + alpha x clean CE (alpha 0 = the no-SFT ablation, plain); "
+                   "'no_sft_released': that ablation as the released code ran it (noisy CE only, each sequence "
+                   "weighted by 1/t, t ~ U(0.001, 1)); 'bd3lm': the paper's block-diffusion baseline as released "
+                   "(nanomars/block_diffusion.py); 'csbd': MARS's loss with the noisy stream bidirectional inside "
+                   "a block (masks.block_diffusion_mask)")
+    p.add_argument("--loss_norm", choices=["token", "sequence"], default="token",
+                   help="'token': one mean over the batch's targets; 'sequence': each example's mean, then the "
+                   "mean over examples (the released trainer's; short replies weigh more)")
     p.add_argument("--random_offsets", action=SWITCH, default=False,
                    help="stage mars: shift each example's blocks by a random offset in [0, block_size), drawn per "
                    "example per step from the seeded batch generator, so the known context of a noisy prediction "
                    "ends anywhere, as at decode time, not only at multiples of block_size (held-out loss stays at "
                    "offset 0)")
     # optimisation
-    p.add_argument("--max_iters", type=positive_int, default=1200)
+    p.add_argument("--max_iters", type=positive_int, default=None, help="optimizer steps (default 1200; with "
+                   "--epochs: where to stop, the whole schedule by default)")
     p.add_argument("--batch_size", type=positive_int, default=32, help="examples per micro-step per process: "
                    "the global batch is batch_size x grad_accum x processes")
     p.add_argument("--grad_accum", type=positive_int, default=1)
@@ -114,6 +128,8 @@ def parse_args(argv=None, doc=None):
             fail(f"{config}: {str(e.code).removeprefix('error: ')}")
         argv = preset + argv  # later words win: the command line's
     args = p.parse_args(argv)
-    if args.random_offsets and args.stage != "mars":
-        p.error("--random_offsets is for --stage mars (stage ar has no blocks)")
+    if args.random_offsets and (args.stage != "mars" or args.objective == "bd3lm"):
+        p.error("--random_offsets is for --stage mars with a dual-track objective (mars, no_sft_released, csbd)")
+    if args.objective != "mars" and args.stage != "mars":
+        p.error(f"--objective {args.objective} is a stage-2 objective: use it with --stage mars")
     return args

@@ -86,3 +86,31 @@ def test_finetune_a_hugging_face_folder(tmp_path):
         assert torch.allclose(ours(idx, torch.arange(T)[None], causal_mask(T)), ref, atol=1e-4)
     original, _ = load_qwen(tmp_path / "hf", device="cpu", dtype=torch.float32)
     assert not torch.equal(original.embed.weight, ours.embed.weight)  # training changed the weights
+
+
+def test_epochs_visit_a_fixed_set_and_resume_exactly(tmp_path):
+    """--epochs: max_iters = epochs x (examples // batch), and a run resumed mid-epoch continues exactly
+    (the epoch order is replayed from the seed)."""
+    common = ["--stage", "ar", *TINY, "--n_train", "40", "--epochs", "3", "--eval_interval", "100"]
+    log = run([*common, "--out_dir", str(tmp_path / "once")])  # 40 examples, batch 4: 10 steps an epoch
+    assert "done: 30 steps" in log
+    run([*common, "--out_dir", str(tmp_path / "twice"), "--max_iters", "14"])  # stops mid-epoch 2
+    assert load_checkpoint(f"{tmp_path}/twice/ar.pt")[1]["step"] == 14
+    log = run([*common, "--out_dir", str(tmp_path / "twice"), "--resume"])
+    assert "done: 16 steps" in log
+    once = load_checkpoint(f"{tmp_path}/once/ar.pt")[0].state_dict()
+    twice = load_checkpoint(f"{tmp_path}/twice/ar.pt")[0].state_dict()
+    assert all(torch.equal(once[k], twice[k]) for k in once)
+
+
+@pytest.mark.parametrize("flags", [["--objective", "no_sft_released"], ["--objective", "bd3lm"],
+                                   ["--objective", "csbd"], ["--loss_norm", "sequence", "--last_turn_only"]])
+def test_every_objective_trains(tmp_path, flags):
+    out = str(tmp_path)
+    run(["--stage", "ar", "--max_iters", "2", "--out_dir", out, *TINY])
+    base = run(["--stage", "mars", "--max_iters", "2", "--out_dir", out + "/base", "--init_from", f"{out}/ar.pt", *TINY])
+    log = run(["--stage", "mars", "--max_iters", "2", "--out_dir", out + "/other", "--init_from", f"{out}/ar.pt",
+               *flags, *TINY])
+    first = lambda text: re.search(r"step +1 \| loss (\S+)", text)[1]  # noqa: E731
+    assert f"objective {dict(zip(flags[::2], flags[1::2])).get('--objective', 'mars')}" in log
+    assert first(log) != first(base)  # a different loss on the same first batch
