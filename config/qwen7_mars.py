@@ -8,6 +8,7 @@
 stage = "mars"
 block_size = 4
 alpha = 1.0  # noisy CE + 1 x clean (AR) CE
+random_offsets = False  # blocks from position 0, as released; delete this line for nanoMARS's default
 data = "sft.jsonl"  # your {"messages": [...]} JSONL; train.py holds 2% of it out for the loss curve
 out_dir = "out/qwen7"
 fsdp = True

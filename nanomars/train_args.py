@@ -44,11 +44,12 @@ def train_parser(doc):
     p.add_argument("--loss_norm", choices=["token", "sequence"], default="token",
                    help="'token': one mean over the batch's targets; 'sequence': each example's mean, then the "
                    "mean over examples (the released trainer's; short replies weigh more)")
-    p.add_argument("--random_offsets", action=SWITCH, default=False,
-                   help="stage mars: shift each example's blocks by a random offset in [0, block_size), drawn per "
-                   "example per step from the seeded batch generator, so the known context of a noisy prediction "
-                   "ends anywhere, as at decode time, not only at multiples of block_size (held-out loss stays at "
-                   "offset 0)")
+    p.add_argument("--random_offsets", action=SWITCH, default=None,
+                   help="stage mars (default on; --no-random_offsets for the released alignment): shift each "
+                   "example's blocks by a random offset in [0, block_size), drawn per example per step from the "
+                   "seeded batch generator, so the known context of a noisy prediction ends anywhere, as at decode "
+                   "time, not only at multiples of block_size (held-out loss stays at offset 0). Measured in "
+                   "experiments/alignment.py: on a fixed-template task, tau 0.95 exact match 0.00 -> 1.00")
     # optimisation
     p.add_argument("--max_iters", type=positive_int, default=None, help="optimizer steps (default 1200; with "
                    "--epochs: where to stop, the whole schedule by default)")
@@ -128,8 +129,11 @@ def parse_args(argv=None, doc=None):
             fail(f"{config}: {str(e.code).removeprefix('error: ')}")
         argv = preset + argv  # later words win: the command line's
     args = p.parse_args(argv)
-    if args.random_offsets and (args.stage != "mars" or args.objective == "bd3lm"):
+    dual_track = args.stage == "mars" and args.objective != "bd3lm"
+    if args.random_offsets and not dual_track:
         p.error("--random_offsets is for --stage mars with a dual-track objective (mars, no_sft_released, csbd)")
+    if args.random_offsets is None:
+        args.random_offsets = dual_track
     if args.objective != "mars" and args.stage != "mars":
         p.error(f"--objective {args.objective} is a stage-2 objective: use it with --stage mars")
     return args

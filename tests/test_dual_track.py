@@ -141,6 +141,16 @@ def test_offsets_must_be_one_per_example():
         dual_track_loss(random_model(), x, response, targets, 4, MASK, offsets=torch.zeros(3, dtype=torch.long))
 
 
+def test_random_offsets_are_the_default_for_dual_track_training_only():
+    from nanomars.train_args import parse_args
+    assert parse_args(["--stage", "mars"]).random_offsets is True
+    assert parse_args(["--stage", "mars", "--no-random_offsets"]).random_offsets is False
+    assert parse_args(["--stage", "mars", "--objective", "bd3lm"]).random_offsets is False  # one stream: no blocks to shift
+    assert parse_args(["--stage", "ar"]).random_offsets is False
+    with pytest.raises(SystemExit):
+        parse_args(["--stage", "ar", "--random_offsets"])
+
+
 def test_train_mars_with_random_offsets_end_to_end(tmp_path):
     """train.py --stage mars --random_offsets on a tiny model from scratch: it trains and records the flag.
     (One process: its time is torch's import; offsets come from the batch generator seeded by --seed.)"""

@@ -24,6 +24,7 @@ def test_preset_is_the_papers_recipe(path):
     assert a.max_len == 512 and a.block_size == 4 and a.alpha == 1.0
     assert a.max_iters == 26041 and a.warmup == 781  # 5 epochs of ~2M examples at 384 a step; 3% warmup
     assert a.stage == os.path.basename(path)[:-3].split("_")[1]
+    assert a.random_offsets is False  # as released (nanoMARS's own default for stage mars is True)
     assert a.fsdp == ("qwen7" in path) and a.grad_checkpointing  # 7B does not fit one GPU: sharded
     assert a.init_from == ({"qwen05_ar.py": "ckpt/qwen05", "qwen7_ar.py": "ckpt/qwen7"}.get(os.path.basename(path)))
 
