@@ -1,0 +1,61 @@
+"""experiments/paper_grid.py --quick: the grid's own code on a tiny model, every kind of row, resumable."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from paper_grid import TAUS, grid_rows  # noqa: E402
+
+
+def run(tmp_path):
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "paper_grid.py"), "--quick",
+           "--results", str(tmp_path / "grid.jsonl"), "--out", str(tmp_path / "runs")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return [json.loads(line) for line in open(tmp_path / "grid.jsonl")]
+
+
+def test_the_grid_holds_every_row_the_paper_ran():
+    rows = grid_rows(500, 20, (4, 8, 16), 20000, 1200)
+    assert len(rows) == 16
+    assert rows["ar_2E"][2] == ["--n_train", "500", "--epochs", "40"]  # the control: twice the epochs, from scratch
+    assert all(parent in (None, "ar_E", "endless_ar") for _, parent, _, _ in rows.values())
+    assert "--no-random_offsets" in rows["mars_B16"][2] and "--random_offsets" in rows["offsets_B16"][2]
+    assert rows["no_sft_B8"][2][-2:] == ["--objective", "no_sft_released"]
+    assert rows["mars_B4_seqnorm"][2][-2:] == ["--loss_norm", "sequence"]
+    assert rows["endless_ar_2x"][2] == ["--n_train", "20000", "--max_iters", "2400"]
+    assert TAUS[0] == 0.95 and TAUS[-1] == 0.3
+
+
+def test_quick_grid_runs_every_kind_of_row_and_resumes(tmp_path):
+    results = run(tmp_path)
+    by_row = {r["row"]: r for r in results}
+    assert set(by_row) == set(grid_rows(64, 1, (4,), 64, 8))
+    for name, r in by_row.items():
+        assert r["held_out_loss"], name  # a loss curve was parsed from train.py
+        assert r["step_seconds"] > 0
+        if r["objective"] == "bd3lm":
+            assert set(r["sweep"]) == {"1", "0.9"} and "ar" not in r
+        else:
+            assert 0 <= r["ar"]["accuracy"]["all"] <= 1 and r["ar"]["tokens_per_forward"] == 1
+            assert set(r["ar"]["accuracy"]) >= {"arithmetic", "all"}
+    assert by_row["ar_E"]["jacobi_tokens_per_forward"] >= 1
+    assert by_row["mars_B4"]["sweep"]["1"] == by_row["mars_B4"]["ar"]  # tau 1 is AR
+    assert len(by_row["ar_2E"]["held_out_loss"]) == 2 * len(by_row["ar_E"]["held_out_loss"])  # one point per epoch
+    assert run(tmp_path) == results  # a second sitting finds every run done and adds nothing
+
+
+def pilot_row(N, E, acc, final_loss):
+    return {"N": N, "epochs": E, "ar": {"accuracy": {"all": acc}}, "held_out_loss": [[1, {"ar": 9.0}], [2, {"ar": final_loss}]]}
+
+
+def test_choose_takes_the_steepest_accuracy_drop_where_loss_also_rises():
+    from paper_grid import choose
+    pilot = [pilot_row(250, 20, 0.30, 1.5), pilot_row(250, 40, 0.25, 2.0), pilot_row(250, 80, 0.24, 2.5),
+             pilot_row(500, 20, 0.30, 1.5), pilot_row(500, 40, 0.20, 1.4)]  # accuracy falls most, but loss falls too
+    assert choose(pilot) == (250, 20, True)  # -0.05, against -0.01 from 40 to 80 epochs
+    rising = [pilot_row(250, 20, 0.1, 1.5), pilot_row(250, 40, 0.2, 1.6), pilot_row(500, 20, 0.1, 1.5), pilot_row(500, 40, 0.3, 2.5)]
+    assert choose(rising) == (500, 20, False)  # accuracy never falls: the largest held-out loss rise, said plainly
