@@ -4,7 +4,7 @@ its no-SFT and block-diffusion ablations), with seeds and error bars.
 
     python experiments/paper_grid.py --pilot         # how N and E were chosen (experiments/paper_pilot.jsonl)
     nohup python experiments/paper_grid.py > out/paper_grid.log 2>&1 &     # the grid; re-run to resume
-    # or, on 2 cores, one single-threaded process per regime (each appends to the same results file):
+    # or, on 2 cores, one single-threaded process per regime (or per --seeds; never two on one run):
     OMP_NUM_THREADS=1 nohup python experiments/paper_grid.py --regime data-limited > out/grid_a.log 2>&1 &
     OMP_NUM_THREADS=1 nohup python experiments/paper_grid.py --regime endless > out/grid_b.log 2>&1 &
     python experiments/paper_grid.py --quick --results /tmp/quick.jsonl     # the same code, tiny (CI, < 2 min)
@@ -162,10 +162,10 @@ def record(results, row):
     print(json.dumps(row)[:240], flush=True)
 
 
-def run_grid(cfg, N, E, results, out, regime="both"):
+def run_grid(cfg, N, E, results, out, regime="both", seeds=None):
     examples = held_out_split(cfg["n_per_family"])
     rows = grid_rows(N, E, cfg["blocks"], *cfg["endless"])
-    for seed in cfg["seeds"]:
+    for seed in seeds or cfg["seeds"]:
         for name, (stage, parent, flags, B) in rows.items():
             key = f"{name}/seed{seed}"
             if key in done(results) or regime != "both" and (regime == "endless") != name.startswith("endless"):
@@ -212,22 +212,26 @@ def main():
     p.add_argument("--pilot", action="store_true", help="the runs that chose N and E")
     p.add_argument("--regime", choices=["both", "data-limited", "endless"], default="both",
                    help="run one regime's rows only: two single-threaded processes, one per regime, share 2 cores")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="only these of the grid's seeds (1 2 3)")
     p.add_argument("--results", default=None, help="default: experiments/paper_grid.jsonl (paper_pilot.jsonl with --pilot)")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "paper_grid"), help="checkpoints and logs")
     args = p.parse_args()
+    grid_seeds = (QUICK if args.quick else FULL)["seeds"]
+    if args.seeds and not set(args.seeds) <= set(grid_seeds):
+        p.error(f"--seeds: the protocol's seeds are {list(grid_seeds)}")
     torch.set_num_threads(1)
     default = "paper_pilot.jsonl" if args.pilot else "paper_grid.jsonl"
     results = args.results or os.path.join(ROOT, "experiments", default)
     if args.pilot:
         return run_pilot(results, args.out)
     if args.quick:
-        return run_grid(QUICK, 64, 1, results, args.out, args.regime)
+        return run_grid(QUICK, 64, 1, results, args.out, args.regime, args.seeds)
     pilot = os.path.join(ROOT, "experiments", "paper_pilot.jsonl")
     if not os.path.exists(pilot):
         sys.exit("error: no pilot to choose N and E from: run python experiments/paper_grid.py --pilot first")
     N, E, _ = choose([json.loads(line) for line in open(pilot) if line.strip()])
     print(f"N = {N} examples, E = {E} epochs (the pilot's choice)", flush=True)
-    run_grid(FULL, N, E, results, args.out, args.regime)
+    run_grid(FULL, N, E, results, args.out, args.regime, args.seeds)
 
 
 if __name__ == "__main__":
