@@ -7,6 +7,7 @@ its no-SFT and block-diffusion ablations), with seeds and error bars.
     # or, on 2 cores, one single-threaded process per regime (or per --seeds; never two on one run):
     OMP_NUM_THREADS=1 nohup python experiments/paper_grid.py --regime data-limited > out/grid_a.log 2>&1 &
     OMP_NUM_THREADS=1 nohup python experiments/paper_grid.py --regime endless > out/grid_b.log 2>&1 &
+    python experiments/paper_grid.py --timing        # what a MARS epoch costs against an AR epoch, measured alone
     python experiments/paper_grid.py --quick --results /tmp/quick.jsonl     # the same code, tiny (CI, < 2 min)
 
 Every finished run appends one JSON line to the results file (experiments/paper_grid.jsonl) and is skipped
@@ -38,6 +39,8 @@ Protocol (written before the first full run; nothing below was changed after see
   4) on AR-SFT models; BD3LM decoded by block_diffusion_decode (its tau 1 fills one position per forward,
   most confident first, so it is not AR); the median seconds per training step, for a MARS epoch / an
   AR epoch; the held-out loss at every epoch (every 200 steps in the endless regime).
+- Epoch cost (added after the grid, because its step times were taken beside other jobs): --timing trains
+  each data-limited row alone for 4 epochs (seed 1) and records its seconds per step.
 """
 import argparse
 import json
@@ -91,7 +94,8 @@ def grid_rows(N, E, blocks, endless_n, endless_steps):
 
 
 def train(stage, out_dir, flags, seed, cfg, eval_interval):
-    """Runs train.py; returns its held-out loss curve [(step, {name: loss})] and median seconds per step."""
+    """Runs train.py; returns its held-out loss curve [(step, {name: loss})] and its logged seconds per step
+    (each a running mean since the first step)."""
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--stage", stage, "--out_dir", out_dir, "--seed", str(seed),
            "--eval_interval", str(eval_interval), "--batch_size", str(cfg["batch"]), "--device", "cpu", *cfg["model"], *flags]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -101,8 +105,7 @@ def train(stage, out_dir, flags, seed, cfg, eval_interval):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
     curve = [(int(m[1]), {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+)", m[2])})
              for m in re.finditer(r"^eval +(\d+) \| held-out (.*)$", proc.stdout, re.M)]
-    step_s = [float(s) for s in re.findall(r"\| ([\d.]+) s/step", proc.stdout)]
-    return curve, statistics.median(step_s) if step_s else None
+    return curve, [float(s) for s in re.findall(r"\| ([\d.]+) s/step", proc.stdout)]
 
 
 def score(tok, examples, decode, batch=50):
@@ -162,6 +165,14 @@ def record(results, row):
     print(json.dumps(row)[:240], flush=True)
 
 
+def parent_checkpoint(rows, parent, seed, cfg, out, interval):
+    parent_dir = os.path.join(out, f"seed{seed}", parent)
+    if not os.path.exists(os.path.join(parent_dir, "ar.pt")):  # a later sitting on a fresh machine:
+        os.makedirs(parent_dir, exist_ok=True)  # retrain the parent (deterministic: the same weights)
+        train("ar", parent_dir, rows[parent][2], seed, cfg, interval(rows[parent][2]))
+    return os.path.join(parent_dir, "ar.pt")
+
+
 def run_grid(cfg, N, E, results, out, regime="both", seeds=None):
     examples = held_out_split(cfg["n_per_family"])
     rows = grid_rows(N, E, cfg["blocks"], *cfg["endless"])
@@ -173,21 +184,37 @@ def run_grid(cfg, N, E, results, out, regime="both", seeds=None):
             run_dir = os.path.join(out, f"seed{seed}", name)
             os.makedirs(run_dir, exist_ok=True)
             interval = lambda flags: cfg["eval_interval"] if "--max_iters" in flags else max(1, N // cfg["batch"])  # noqa: E731
-            init = []
-            if parent:
-                parent_dir = os.path.join(out, f"seed{seed}", parent)
-                if not os.path.exists(os.path.join(parent_dir, "ar.pt")):  # a later sitting on a fresh machine:
-                    os.makedirs(parent_dir, exist_ok=True)  # retrain the parent (deterministic: the same weights)
-                    train("ar", parent_dir, rows[parent][2], seed, cfg, interval(rows[parent][2]))
-                init = ["--init_from", os.path.join(parent_dir, "ar.pt")]
+            init = ["--init_from", parent_checkpoint(rows, parent, seed, cfg, out, interval)] if parent else []
             t0 = time.time()
             curve, step_s = train(stage, run_dir, [*init, *flags], seed, cfg, interval(flags))
+            step_s = statistics.median(step_s)
             seconds = time.time() - t0
             objective = flags[flags.index("--objective") + 1] if "--objective" in flags else "mars" if B else "ar"
             scores = evaluate_run(os.path.join(run_dir, f"{stage}.pt"), examples, B, objective, cfg)
             record(results, {"name": key, "row": name, "seed": seed, "block_size": B, "objective": objective,
                              "flags": flags, "train_seconds": seconds, "step_seconds": step_s,
                              "held_out_loss": curve, **scores})
+
+
+def run_timing(cfg, N, E, results, out, epochs=4):
+    """What an epoch of each data-limited row costs, measured one run at a time on an otherwise quiet machine
+    (the grid's own step times ran beside other jobs and include a held-out evaluation every epoch): seed 1,
+    `epochs` epochs from the same AR-SFT checkpoint, no evaluation until the last step; the record is train.py's
+    running mean of seconds per step at its last log line. An epoch is N / batch steps for every row, so
+    the ratio of step times is the ratio of epoch times."""
+    rows = grid_rows(N, E, cfg["blocks"], *cfg["endless"])
+    interval = lambda flags: max(1, N // cfg["batch"])  # noqa: E731
+    steps = epochs * max(1, N // cfg["batch"])
+    for name, (stage, parent, flags, B) in rows.items():
+        key = f"timing/{name}"
+        if name == "ar_2E" or name.startswith("endless") or key in done(results):
+            continue
+        run_dir = os.path.join(out, "timing", name)
+        os.makedirs(run_dir, exist_ok=True)
+        init = ["--init_from", parent_checkpoint(rows, parent, cfg["seeds"][0], cfg, out, interval)] if parent else []
+        flags = [*flags[:flags.index("--epochs") + 1], str(epochs), *flags[flags.index("--epochs") + 2:]]
+        _, step_s = train(stage, run_dir, [*init, *flags], cfg["seeds"][0], cfg, steps)
+        record(results, {"name": key, "row": name, "steps": steps, "step_seconds": step_s[-1]})
 
 
 def run_pilot(results, out, cfg=FULL):
@@ -201,6 +228,7 @@ def run_pilot(results, out, cfg=FULL):
             run_dir = os.path.join(out, "pilot", f"N{N}_E{E}")
             os.makedirs(run_dir, exist_ok=True)
             curve, step_s = train("ar", run_dir, ["--n_train", str(N), "--epochs", str(E)], 0, cfg, N // cfg["batch"])
+            step_s = statistics.median(step_s)
             model, tok, _, _ = load_model(os.path.join(run_dir, "ar.pt"))
             ar = score(tok, examples, lambda ps: batch_ar(model, ps, cfg["max_new_tokens"], tok.stop_ids).rows)
             record(results, {"name": key, "N": N, "epochs": E, "held_out_loss": curve, "step_seconds": step_s, "ar": ar})
@@ -210,27 +238,34 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny grid (one seed, B = 4 only, a 1-layer model, N 64, E 1)")
     p.add_argument("--pilot", action="store_true", help="the runs that chose N and E")
+    p.add_argument("--timing", action="store_true",
+                   help="seconds per training step of every data-limited row, one at a time (run it alone)")
     p.add_argument("--regime", choices=["both", "data-limited", "endless"], default="both",
                    help="run one regime's rows only: two single-threaded processes, one per regime, share 2 cores")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="only these of the grid's seeds (1 2 3)")
-    p.add_argument("--results", default=None, help="default: experiments/paper_grid.jsonl (paper_pilot.jsonl with --pilot)")
+    p.add_argument("--results", default=None, help="default: experiments/paper_grid.jsonl (paper_pilot.jsonl with --pilot, "
+                   "paper_timing.jsonl with --timing)")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "paper_grid"), help="checkpoints and logs")
     args = p.parse_args()
     grid_seeds = (QUICK if args.quick else FULL)["seeds"]
     if args.seeds and not set(args.seeds) <= set(grid_seeds):
         p.error(f"--seeds: the protocol's seeds are {list(grid_seeds)}")
-    torch.set_num_threads(1)
-    default = "paper_pilot.jsonl" if args.pilot else "paper_grid.jsonl"
+    default = "paper_pilot.jsonl" if args.pilot else "paper_timing.jsonl" if args.timing else "paper_grid.jsonl"
     results = args.results or os.path.join(ROOT, "experiments", default)
+    torch.set_num_threads(1)  # this process only decodes; train.py runs with torch's default threads
     if args.pilot:
         return run_pilot(results, args.out)
     if args.quick:
+        if args.timing:
+            return run_timing(QUICK, 64, 1, results, args.out, epochs=1)
         return run_grid(QUICK, 64, 1, results, args.out, args.regime, args.seeds)
     pilot = os.path.join(ROOT, "experiments", "paper_pilot.jsonl")
     if not os.path.exists(pilot):
         sys.exit("error: no pilot to choose N and E from: run python experiments/paper_grid.py --pilot first")
     N, E, _ = choose([json.loads(line) for line in open(pilot) if line.strip()])
     print(f"N = {N} examples, E = {E} epochs (the pilot's choice)", flush=True)
+    if args.timing:
+        return run_timing(FULL, N, E, results, args.out)
     run_grid(FULL, N, E, results, args.out, args.regime, args.seeds)
 
 

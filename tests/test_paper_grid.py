@@ -9,13 +9,13 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 from paper_grid import TAUS, grid_rows  # noqa: E402
 
 
-def run(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "paper_grid.py"), "--quick",
-           "--results", str(tmp_path / "grid.jsonl"), "--out", str(tmp_path / "runs")]
+def run(tmp_path, *flags, results="grid.jsonl"):
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "paper_grid.py"), "--quick", *flags,
+           "--results", str(tmp_path / results), "--out", str(tmp_path / "runs")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return [json.loads(line) for line in open(tmp_path / "grid.jsonl")]
+    return [json.loads(line) for line in open(tmp_path / results)]
 
 
 def test_the_grid_holds_every_row_the_paper_ran():
@@ -46,6 +46,14 @@ def test_quick_grid_runs_every_kind_of_row_and_resumes(tmp_path):
     assert by_row["mars_B4"]["sweep"]["1"] == by_row["mars_B4"]["ar"]  # tau 1 is AR
     assert len(by_row["ar_2E"]["held_out_loss"]) == 2 * len(by_row["ar_E"]["held_out_loss"])  # one point per epoch
     assert run(tmp_path) == results  # a second sitting finds every run done and adds nothing
+
+
+def test_timing_times_every_data_limited_training_once(tmp_path):
+    results = run(tmp_path, "--timing", results="timing.jsonl")
+    expected = {name for name in grid_rows(64, 1, (4,), 64, 8) if name != "ar_2E" and not name.startswith("endless")}
+    assert [r["row"] for r in results] == [name for name in grid_rows(64, 1, (4,), 64, 8) if name in expected]
+    assert all(r["step_seconds"] > 0 and r["steps"] == 8 for r in results)  # 1 epoch of 64 examples, batch 8
+    assert run(tmp_path, "--timing", results="timing.jsonl") == results  # resumable like the grid
 
 
 def pilot_row(N, E, acc, final_loss):
