@@ -93,11 +93,11 @@ def grid_rows(N, E, blocks, endless_n, endless_steps):
     return rows
 
 
-def train(stage, out_dir, flags, seed, cfg, eval_interval):
+def train(stage, out_dir, flags, seed, cfg, interval):
     """Runs train.py; returns its held-out loss curve [(step, {name: loss})] and its logged seconds per step
     (each a running mean since the first step)."""
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--stage", stage, "--out_dir", out_dir, "--seed", str(seed),
-           "--eval_interval", str(eval_interval), "--batch_size", str(cfg["batch"]), "--device", "cpu", *cfg["model"], *flags]
+           "--eval_interval", str(interval), "--batch_size", str(cfg["batch"]), "--device", "cpu", *cfg["model"], *flags]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     with open(os.path.join(out_dir, f"{stage}.log"), "w") as f:
         f.write(proc.stdout + proc.stderr)
@@ -165,11 +165,16 @@ def record(results, row):
     print(json.dumps(row)[:240], flush=True)
 
 
-def parent_checkpoint(rows, parent, seed, cfg, out, interval):
+def eval_interval(flags, N, cfg):
+    """The held-out loss after every epoch, or every cfg["eval_interval"] steps in the endless regime."""
+    return cfg["eval_interval"] if "--max_iters" in flags else max(1, N // cfg["batch"])
+
+
+def parent_checkpoint(rows, parent, seed, cfg, out, N):
     parent_dir = os.path.join(out, f"seed{seed}", parent)
     if not os.path.exists(os.path.join(parent_dir, "ar.pt")):  # a later sitting on a fresh machine:
         os.makedirs(parent_dir, exist_ok=True)  # retrain the parent (deterministic: the same weights)
-        train("ar", parent_dir, rows[parent][2], seed, cfg, interval(rows[parent][2]))
+        train("ar", parent_dir, rows[parent][2], seed, cfg, eval_interval(rows[parent][2], N, cfg))
     return os.path.join(parent_dir, "ar.pt")
 
 
@@ -183,10 +188,9 @@ def run_grid(cfg, N, E, results, out, regime="both", seeds=None):
                 continue
             run_dir = os.path.join(out, f"seed{seed}", name)
             os.makedirs(run_dir, exist_ok=True)
-            interval = lambda flags: cfg["eval_interval"] if "--max_iters" in flags else max(1, N // cfg["batch"])  # noqa: E731
-            init = ["--init_from", parent_checkpoint(rows, parent, seed, cfg, out, interval)] if parent else []
+            init = ["--init_from", parent_checkpoint(rows, parent, seed, cfg, out, N)] if parent else []
             t0 = time.time()
-            curve, step_s = train(stage, run_dir, [*init, *flags], seed, cfg, interval(flags))
+            curve, step_s = train(stage, run_dir, [*init, *flags], seed, cfg, eval_interval(flags, N, cfg))
             step_s = statistics.median(step_s)
             seconds = time.time() - t0
             objective = flags[flags.index("--objective") + 1] if "--objective" in flags else "mars" if B else "ar"
@@ -203,7 +207,6 @@ def run_timing(cfg, N, E, results, out, epochs=4):
     running mean of seconds per step at its last log line. An epoch is N / batch steps for every row, so
     the ratio of step times is the ratio of epoch times."""
     rows = grid_rows(N, E, cfg["blocks"], *cfg["endless"])
-    interval = lambda flags: max(1, N // cfg["batch"])  # noqa: E731
     steps = epochs * max(1, N // cfg["batch"])
     for name, (stage, parent, flags, B) in rows.items():
         key = f"timing/{name}"
@@ -211,7 +214,7 @@ def run_timing(cfg, N, E, results, out, epochs=4):
             continue
         run_dir = os.path.join(out, "timing", name)
         os.makedirs(run_dir, exist_ok=True)
-        init = ["--init_from", parent_checkpoint(rows, parent, cfg["seeds"][0], cfg, out, interval)] if parent else []
+        init = ["--init_from", parent_checkpoint(rows, parent, cfg["seeds"][0], cfg, out, N)] if parent else []
         flags = [*flags[:flags.index("--epochs") + 1], str(epochs), *flags[flags.index("--epochs") + 2:]]
         _, step_s = train(stage, run_dir, [*init, *flags], cfg["seeds"][0], cfg, steps)
         record(results, {"name": key, "row": name, "steps": steps, "step_seconds": step_s[-1]})
