@@ -31,7 +31,8 @@ from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, batch_lo
 from nanomars.checkpoint import load_model
 from nanomars.decode import check_decode_args
 from nanomars.cli import ArgumentParser, device_name, dtype_name, fail, nonneg_int, positive_int, tau_float
-from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, held_out_split, load_checker, prompt_messages, read_jsonl
+from nanomars.progress import Progress
+from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, held_out_split, load_checker, prompt_messages, read_jsonl, score
 
 p = ArgumentParser(__doc__)
 p.add_argument("--ckpt", default="out/mars.pt", help="a nanoMARS checkpoint or a Hugging Face folder")
@@ -100,33 +101,34 @@ strategies = {
 
 results = []
 t_start = time.perf_counter()
+batches = {bs: [list(range(i, min(i + bs, len(prompts)))) for i in range(0, len(prompts), bs)]
+           for bs in args.batch_sizes}
+progress = Progress(sum(map(len, batches.values())) * len(strategies), "bench")
 for bs in args.batch_sizes:
-    batches = [list(range(i, min(i + bs, len(prompts)))) for i in range(0, len(prompts), bs)]
+    progress.update(what=f"batch size {bs}")
     for run in strategies.values():  # warm up every path at this shape
-        run(model, [prompts[i] for i in batches[0]], 8)
-    tot = {name: dict(tokens=0, row_forwards=0, forwards=0, seconds=0.0, correct=0, paper_tokens=0,
-                      paper_forwards=0) for name in strategies}
-    for rows in batches:
+        run(model, [prompts[i] for i in batches[bs][0]], 8)
+    tot = {name: dict(rows=[], forwards=0, seconds=0.0, paper_tokens=0, paper_forwards=0) for name in strategies}
+    for rows in batches[bs]:
         for name, run in strategies.items():
             t0 = time.perf_counter()
             out = run(model, [prompts[i] for i in rows], args.max_new_tokens)
             t = tot[name]
             t["seconds"] += time.perf_counter() - t0
-            t["tokens"] += out.tokens
-            t["row_forwards"] += sum(r.forwards for r in out.rows)
+            t["rows"] += out.rows  # in prompt order: the batches follow the prompts
             t["forwards"] += out.forwards
             if out.paper_tokens is not None:  # the paper's block sampler: its own count too
                 t["paper_tokens"] += sum(out.paper_tokens)
                 t["paper_forwards"] += sum(out.paper_forwards)
-            for i, r in zip(rows, out.rows):
-                t["correct"] += bool(check(examples[i], tok.decode([x for x in r.tokens if x not in tok.stop_ids])))
+            progress.update(1)
     for name, t in tot.items():
+        s = score(tok, examples, t["rows"], check)
         paper = t["paper_tokens"] / t["paper_forwards"] if t["paper_forwards"] else None
-        results.append(dict(strategy=name, batch_size=bs, tokens_per_forward=t["tokens"] / t["row_forwards"],
-                            paper_tokens_per_forward=paper,
-                            batch_forwards=t["forwards"], tokens_per_s=t["tokens"] / t["seconds"],
-                            x_ar=tot["AR+cache"]["seconds"] / t["seconds"], accuracy=t["correct"] / len(prompts),
-                            tokens=t["tokens"], seconds=t["seconds"]))
+        results.append(dict(strategy=name, batch_size=bs, tokens_per_forward=s["tokens_per_forward"],
+                            paper_tokens_per_forward=paper, batch_forwards=t["forwards"],
+                            tokens_per_s=s["tokens"] / t["seconds"], x_ar=tot["AR+cache"]["seconds"] / t["seconds"],
+                            accuracy=s["accuracy"]["all"], tokens=s["tokens"], seconds=t["seconds"]))
+progress.close()
 
 print(f"{args.ckpt}: {len(prompts)} prompts from {args.data or 'the held-out suite'}, max_new_tokens {args.max_new_tokens}, block {B}, "
       f"tau {args.tau}, {torch.get_num_threads()} threads, {time.perf_counter() - t_start:.0f} s")

@@ -6,7 +6,6 @@ On a Hugging Face folder (a Qwen2.5 or a released MARS checkpoint, with its own 
 evaluate() is also what the notebooks call.
 """
 import time
-from collections import defaultdict
 
 import torch
 
@@ -14,17 +13,19 @@ from nanomars.batch_decode import batch_decode
 from nanomars.checkpoint import load_model
 from nanomars.cli import ArgumentParser, device_name, dtype_name, positive_int, run, tau_float
 from nanomars.decode import ar_decode, mars_decode
-from nanomars.tasks import check, held_out_split, load_checker, prompt_messages, read_jsonl
+from nanomars.progress import Progress
+from nanomars.tasks import check, held_out_split, load_checker, prompt_messages, read_jsonl, score
 
 
-def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64, checker=check, **options):
+def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64, checker=check, progress=None,
+             **options):
     """Decode the user turn of every example (AR when tau is None, else MARS at tau); returns
     {"accuracy": {family: frac, ..., "all": frac}, "tokens_per_forward", "tokens", "forwards", "seconds"}.
     checker(example, response) -> bool (default: the suite's checkers, exact match for other examples).
+    progress: a nanomars.progress.Progress, advanced by one per example.
     options: the batch engine's MARS windows (align=True, adaptive=True, lossless=True, cache=...), still
     one prompt at a time."""
-    right, total = defaultdict(int), defaultdict(int)
-    tokens = forwards = 0
+    rows = []
     t0 = time.perf_counter()
     for ex in examples:
         prompt = tok.prompt_ids(prompt_messages(ex))  # the conversation up to the reply that is checked
@@ -35,13 +36,11 @@ def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64, ch
             out = ar_decode(model, prompt, max_new_tokens, stop_ids=tok.stop_ids)
         else:
             out = mars_decode(model, prompt, max_new_tokens, tok.mask_id, block_size, tau, tok.stop_ids)
-        answer = tok.decode([t for t in out.tokens if t not in tok.stop_ids])
-        for key in (ex.get("family", "data"), "all"):
-            right[key] += bool(checker(ex, answer))
-            total[key] += 1
-        tokens, forwards = tokens + len(out.tokens), forwards + out.forwards
-    return {"accuracy": {k: right[k] / total[k] for k in total}, "tokens_per_forward": tokens / forwards,
-            "tokens": tokens, "forwards": forwards, "seconds": time.perf_counter() - t0}
+        rows.append(out)
+        if progress:
+            progress.update(1)
+    seconds = time.perf_counter() - t0
+    return {**score(tok, examples, rows, checker), "seconds": seconds}
 
 
 def format_table(rows):
@@ -78,11 +77,14 @@ def main():
     model, tok, trained_block, _ = load_model(args.ckpt, args.device, args.dtype)
     block_size = args.block_size or trained_block
     examples = read_jsonl(args.data) if args.data else held_out_split(args.n_per_family)
+    decoders = {"AR": None} if args.ar else {}
+    decoders.update({f"MARS t={tau:g}": tau for tau in args.taus})
+    progress = Progress(len(decoders) * len(examples), "evaluate")
     rows = {}
-    if args.ar:
-        rows["AR"] = evaluate(model, tok, examples, max_new_tokens=args.max_new_tokens, checker=checker)
-    for tau in args.taus:
-        rows[f"MARS t={tau:g}"] = evaluate(model, tok, examples, tau, block_size, args.max_new_tokens, checker)
+    for label, tau in decoders.items():
+        progress.update(what=label)
+        rows[label] = evaluate(model, tok, examples, tau, block_size, args.max_new_tokens, checker, progress)
+    progress.close()
     print(f"{args.ckpt}: {len(examples)} prompts from {args.data or 'the held-out suite'}, block_size {block_size}")
     print(format_table(rows))
 

@@ -16,7 +16,6 @@ greedy AR, by window start c mod B); then, once all four are trained, by MARS at
 never cross a training block boundary (the engine's align=True; added after the first run, so a separate
 pass). Every finished step appends one JSON line to the results file.
 """
-import json
 import os
 import subprocess
 import sys
@@ -27,24 +26,14 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from evaluate import evaluate  # noqa: E402
+from experiments.resumable import done, record  # noqa: E402
 from nanomars.checkpoint import load_model  # noqa: E402
 from nanomars.diagnose import format_gate_errors, gate_errors  # noqa: E402
+from nanomars.progress import Progress  # noqa: E402
 from nanomars.tasks import held_out_split, read_jsonl  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "experiments", "alignment.jsonl")
 OUT = os.path.join(ROOT, "out", "alignment")
-
-
-def done():
-    if not os.path.exists(RESULTS):
-        return set()
-    return {json.loads(line)["name"] for line in open(RESULTS) if line.strip()}
-
-
-def record(row):
-    with open(RESULTS, "a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(json.dumps(row)[:300], flush=True)
 
 
 def train(stage, out_dir, extra):
@@ -61,39 +50,54 @@ def main():
     subprocess.run([sys.executable, os.path.join(ROOT, "data", "template_task.py"), "--out", template], check=True)
     tasks = {"suite": ([], held_out_split()),
              "template": (["--data", os.path.join(template, "train.jsonl")], read_jsonl(os.path.join(template, "test.jsonl")))}
-    for variant, flags in (("as_released", ["--no-random_offsets"]), ("random_offsets", ["--random_offsets"])):
+    variants = {"as_released": ["--no-random_offsets"], "random_offsets": ["--random_offsets"]}
+    finished = done(RESULTS)
+    runs = ["ar", *variants, *(f"{variant}/aligned_windows" for variant in variants)]
+    progress = Progress(len({f"{task}/{run}" for task in tasks for run in runs} - finished), "alignment")
+    for variant, flags in variants.items():
         for task, (data_args, examples) in tasks.items():
             task_dir = os.path.join(OUT, task)
             os.makedirs(task_dir, exist_ok=True)
-            if f"{task}/ar" not in done():
-                record({"name": f"{task}/ar", "train_seconds": train("ar", task_dir, data_args)})
+            if f"{task}/ar" not in finished:
+                progress.update(what=f"training {task}/ar")
+                seconds = train("ar", task_dir, data_args)
+                record(RESULTS, {"name": f"{task}/ar", "train_seconds": seconds}, progress.print)
+                finished.add(f"{task}/ar")
+                progress.update(1, f"finished {task}/ar")
             name = f"{task}/{variant}"
-            if name in done():
+            if name in finished:
                 continue
+            progress.update(what=f"training {name}")
             run_dir = os.path.join(task_dir, variant)
             os.makedirs(run_dir, exist_ok=True)
             seconds = train("mars", run_dir, [*data_args, "--init_from", os.path.join(task_dir, "ar.pt"), *flags])
+            progress.update(what=f"evaluating {name}")
             model, tok, B, _ = load_model(os.path.join(run_dir, "mars.pt"))
             rows = {"AR": evaluate(model, tok, examples)}
             for tau in (1.0, 0.95):
                 rows[f"MARS t={tau:g}"] = evaluate(model, tok, examples, tau, B)
             prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in examples]
             counts = gate_errors(model, prompts, tok.mask_id, B, 0.95, tok.stop_ids)
-            print(format_gate_errors(counts), flush=True)
-            record({"name": name, "train_seconds": seconds, "block_size": B,
-                    "eval": {k: {"accuracy": v["accuracy"]["all"], "tokens_per_forward": v["tokens_per_forward"]}
-                             for k, v in rows.items()},
-                    "gate_errors": {k: v.tolist() for k, v in counts.items()}})
+            progress.print(format_gate_errors(counts))
+            scores = {k: {"accuracy": v["accuracy"]["all"], "tokens_per_forward": v["tokens_per_forward"]}
+                      for k, v in rows.items()}
+            record(RESULTS, {"name": name, "train_seconds": seconds, "block_size": B, "eval": scores,
+                             "gate_errors": {k: v.tolist() for k, v in counts.items()}}, progress.print)
+            progress.update(1, f"finished {name}")
     # the decode-side alternative, on every MARS model: windows that never cross a training block boundary
-    for variant in ("as_released", "random_offsets"):
+    for variant in variants:
         for task, (_, examples) in tasks.items():
             name = f"{task}/{variant}/aligned_windows"
-            if name in done():
+            if name in finished:
                 continue
+            progress.update(what=f"evaluating {name}")
             model, tok, B, _ = load_model(os.path.join(OUT, task, variant, "mars.pt"))
             r = evaluate(model, tok, examples, 0.95, B, align=True, cache="request")
-            record({"name": name, "eval": {"MARS t=0.95 aligned": {"accuracy": r["accuracy"]["all"],
-                                                                   "tokens_per_forward": r["tokens_per_forward"]}}})
+            scores = {"accuracy": r["accuracy"]["all"], "tokens_per_forward": r["tokens_per_forward"]}
+            record(RESULTS, {"name": name, "eval": {"MARS t=0.95 aligned": scores}}, progress.print)
+            progress.update(1, f"finished {name}")
+    progress.close()
+
 
 if __name__ == "__main__":
     main()

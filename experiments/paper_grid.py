@@ -11,8 +11,9 @@ its no-SFT and block-diffusion ablations), with seeds and error bars.
     python experiments/paper_grid.py --quick --results /tmp/quick.jsonl     # the same code, tiny (CI, < 2 min)
 
 Every finished run appends one JSON line to the results file (experiments/paper_grid.jsonl) and is skipped
-when the runner starts again, so the grid can span several sittings. notebooks/03_paper_at_nano_scale.ipynb
-reads the file and draws every table and curve.
+when the runner starts again, so the grid can span several sittings (stderr shows the runs done of those to
+do, the time taken and an estimate of the rest). notebooks/03_paper_at_nano_scale.ipynb reads the file and
+draws every table and curve.
 
 Protocol (written before the first full run; nothing below was changed after seeing grid results):
 - Model: train.py's default 0.87M-parameter decoder (4 layers, width 128), train.py's defaults otherwise
@@ -50,16 +51,17 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import defaultdict
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from experiments.resumable import done, record  # noqa: E402
 from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi  # noqa: E402
 from nanomars.block_diffusion import block_diffusion_decode  # noqa: E402
 from nanomars.checkpoint import load_model  # noqa: E402
-from nanomars.tasks import check, held_out_split, prompt_messages  # noqa: E402
+from nanomars.progress import Progress  # noqa: E402
+from nanomars.tasks import held_out_split, prompt_messages, score  # noqa: E402
 
 TAUS = (0.95, 0.9, 0.8, 0.7, 0.5, 0.3)
 FULL = dict(seeds=(1, 2, 3), blocks=(4, 8, 16), model=[], batch=32, n_per_family=50, max_new_tokens=64, taus=TAUS,
@@ -108,17 +110,12 @@ def train(stage, out_dir, flags, seed, cfg, interval):
     return curve, [float(s) for s in re.findall(r"\| ([\d.]+) s/step", proc.stdout)]
 
 
-def score(tok, examples, decode, batch=50):
+def decode_and_score(tok, examples, decode, batch=50):
     """decode(list of prompts) -> decoded rows; accuracy per family and tokens/forward over the examples."""
-    right, total, tokens, forwards = defaultdict(int), defaultdict(int), 0, 0
-    for i in range(0, len(examples), batch):
-        chunk = examples[i:i + batch]
-        for ex, row in zip(chunk, decode([tok.prompt_ids(prompt_messages(ex)) for ex in chunk])):
-            ok = check(ex, tok.decode([t for t in row.tokens if t not in tok.stop_ids]))
-            for key in (ex["family"], "all"):
-                right[key], total[key] = right[key] + ok, total[key] + 1
-            tokens, forwards = tokens + len(row.tokens), forwards + row.forwards
-    return {"accuracy": {k: right[k] / total[k] for k in total}, "tokens_per_forward": tokens / max(1, forwards)}
+    rows = [row for i in range(0, len(examples), batch)
+            for row in decode([tok.prompt_ids(prompt_messages(ex)) for ex in examples[i:i + batch]])]
+    scores = score(tok, examples, rows)
+    return {"accuracy": scores["accuracy"], "tokens_per_forward": scores["tokens_per_forward"]}
 
 
 def evaluate_run(path, examples, B, objective, cfg):
@@ -127,13 +124,15 @@ def evaluate_run(path, examples, B, objective, cfg):
     n, stop = cfg["max_new_tokens"], tok.stop_ids
     if objective == "bd3lm":  # not an AR model: every point, tau 1 included, is the block sampler's
         bd = lambda tau: lambda ps: [block_diffusion_decode(model, p, n, tok.mask_id, B, tau, stop) for p in ps]  # noqa: E731
-        return {"sweep": {f"{tau:g}": score(tok, examples, bd(tau)) for tau in (1.0, *cfg["taus"])}}
-    scores = {"ar": score(tok, examples, lambda ps: batch_ar(model, ps, n, stop).rows)}
+        return {"sweep": {f"{tau:g}": decode_and_score(tok, examples, bd(tau)) for tau in (1.0, *cfg["taus"])}}
+    scores = {"ar": decode_and_score(tok, examples, lambda ps: batch_ar(model, ps, n, stop).rows)}
     if B is None:
-        scores["jacobi_tokens_per_forward"] = score(tok, examples, lambda ps: batch_jacobi(model, ps, n, 4, stop).rows)["tokens_per_forward"]
+        jacobi = decode_and_score(tok, examples, lambda ps: batch_jacobi(model, ps, n, 4, stop).rows)
+        scores["jacobi_tokens_per_forward"] = jacobi["tokens_per_forward"]
     else:
         mars = lambda tau: lambda ps: batch_decode(model, ps, n, tok.mask_id, B, tau, stop).rows  # noqa: E731
-        scores["sweep"] = {"1": scores["ar"], **{f"{tau:g}": score(tok, examples, mars(tau)) for tau in cfg["taus"]}}
+        scores["sweep"] = {"1": scores["ar"],
+                           **{f"{tau:g}": decode_and_score(tok, examples, mars(tau)) for tau in cfg["taus"]}}
     return scores
 
 
@@ -153,18 +152,6 @@ def choose(pilot):
     return N, E, bool(overfit)
 
 
-def done(results):
-    if not os.path.exists(results):
-        return set()
-    return {json.loads(line)["name"] for line in open(results) if line.strip()}
-
-
-def record(results, row):
-    with open(results, "a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(json.dumps(row)[:240], flush=True)
-
-
 def eval_interval(flags, N, cfg):
     """The held-out loss after every epoch, or every cfg["eval_interval"] steps in the endless regime."""
     return cfg["eval_interval"] if "--max_iters" in flags else max(1, N // cfg["batch"])
@@ -181,23 +168,29 @@ def parent_checkpoint(rows, parent, seed, cfg, out, N):
 def run_grid(cfg, N, E, results, out, regime="both", seeds=None):
     examples = held_out_split(cfg["n_per_family"])
     rows = grid_rows(N, E, cfg["blocks"], *cfg["endless"])
-    for seed in seeds or cfg["seeds"]:
-        for name, (stage, parent, flags, B) in rows.items():
-            key = f"{name}/seed{seed}"
-            if key in done(results) or regime != "both" and (regime == "endless") != name.startswith("endless"):
-                continue
-            run_dir = os.path.join(out, f"seed{seed}", name)
-            os.makedirs(run_dir, exist_ok=True)
-            init = ["--init_from", parent_checkpoint(rows, parent, seed, cfg, out, N)] if parent else []
-            t0 = time.time()
-            curve, step_s = train(stage, run_dir, [*init, *flags], seed, cfg, eval_interval(flags, N, cfg))
-            step_s = statistics.median(step_s)
-            seconds = time.time() - t0
-            objective = flags[flags.index("--objective") + 1] if "--objective" in flags else "mars" if B else "ar"
-            scores = evaluate_run(os.path.join(run_dir, f"{stage}.pt"), examples, B, objective, cfg)
-            record(results, {"name": key, "row": name, "seed": seed, "block_size": B, "objective": objective,
-                             "flags": flags, "train_seconds": seconds, "step_seconds": step_s,
-                             "held_out_loss": curve, **scores})
+    finished = done(results)
+    todo = [(seed, name) for seed in seeds or cfg["seeds"] for name in rows if f"{name}/seed{seed}" not in finished
+            and (regime == "both" or (regime == "endless") == name.startswith("endless"))]
+    progress = Progress(len(todo), "paper_grid")
+    for seed, name in todo:
+        stage, parent, flags, B = rows[name]
+        key = f"{name}/seed{seed}"
+        progress.update(what=f"training {key}")
+        run_dir = os.path.join(out, f"seed{seed}", name)
+        os.makedirs(run_dir, exist_ok=True)
+        init = ["--init_from", parent_checkpoint(rows, parent, seed, cfg, out, N)] if parent else []
+        t0 = time.time()
+        curve, step_s = train(stage, run_dir, [*init, *flags], seed, cfg, eval_interval(flags, N, cfg))
+        step_s = statistics.median(step_s)
+        seconds = time.time() - t0
+        objective = flags[flags.index("--objective") + 1] if "--objective" in flags else "mars" if B else "ar"
+        progress.update(what=f"evaluating {key}")
+        scores = evaluate_run(os.path.join(run_dir, f"{stage}.pt"), examples, B, objective, cfg)
+        record(results, {"name": key, "row": name, "seed": seed, "block_size": B, "objective": objective,
+                         "flags": flags, "train_seconds": seconds, "step_seconds": step_s,
+                         "held_out_loss": curve, **scores}, progress.print)
+        progress.update(1, f"finished {key}")
+    progress.close()
 
 
 def run_timing(cfg, N, E, results, out, epochs=4):
@@ -208,33 +201,43 @@ def run_timing(cfg, N, E, results, out, epochs=4):
     the ratio of step times is the ratio of epoch times."""
     rows = grid_rows(N, E, cfg["blocks"], *cfg["endless"])
     steps = epochs * max(1, N // cfg["batch"])
-    for name, (stage, parent, flags, B) in rows.items():
+    finished = done(results)
+    todo = [name for name in rows if name != "ar_2E" and not name.startswith("endless")
+            and f"timing/{name}" not in finished]
+    progress = Progress(len(todo), "paper_grid --timing")
+    for name in todo:
+        stage, parent, flags, B = rows[name]
         key = f"timing/{name}"
-        if name == "ar_2E" or name.startswith("endless") or key in done(results):
-            continue
+        progress.update(what=f"training {key}")
         run_dir = os.path.join(out, "timing", name)
         os.makedirs(run_dir, exist_ok=True)
         init = ["--init_from", parent_checkpoint(rows, parent, cfg["seeds"][0], cfg, out, N)] if parent else []
         flags = [*flags[:flags.index("--epochs") + 1], str(epochs), *flags[flags.index("--epochs") + 2:]]
         _, step_s = train(stage, run_dir, [*init, *flags], cfg["seeds"][0], cfg, steps)
-        record(results, {"name": key, "row": name, "steps": steps, "step_seconds": step_s[-1]})
+        record(results, {"name": key, "row": name, "steps": steps, "step_seconds": step_s[-1]}, progress.print)
+        progress.update(1, f"finished {key}")
+    progress.close()
 
 
 def run_pilot(results, out, cfg=FULL):
     """AR-SFT at N in {250, 500} for 20, 40, 80 epochs, seed 0: the held-out loss curve and accuracy."""
     examples = held_out_split(cfg["n_per_family"])
-    for N in (250, 500):
-        for E in (20, 40, 80):
-            key = f"pilot/N{N}/E{E}"
-            if key in done(results):
-                continue
-            run_dir = os.path.join(out, "pilot", f"N{N}_E{E}")
-            os.makedirs(run_dir, exist_ok=True)
-            curve, step_s = train("ar", run_dir, ["--n_train", str(N), "--epochs", str(E)], 0, cfg, N // cfg["batch"])
-            step_s = statistics.median(step_s)
-            model, tok, _, _ = load_model(os.path.join(run_dir, "ar.pt"))
-            ar = score(tok, examples, lambda ps: batch_ar(model, ps, cfg["max_new_tokens"], tok.stop_ids).rows)
-            record(results, {"name": key, "N": N, "epochs": E, "held_out_loss": curve, "step_seconds": step_s, "ar": ar})
+    finished = done(results)
+    todo = [(N, E) for N in (250, 500) for E in (20, 40, 80) if f"pilot/N{N}/E{E}" not in finished]
+    progress = Progress(len(todo), "paper_grid --pilot")
+    for N, E in todo:
+        key = f"pilot/N{N}/E{E}"
+        progress.update(what=f"training {key}")
+        run_dir = os.path.join(out, "pilot", f"N{N}_E{E}")
+        os.makedirs(run_dir, exist_ok=True)
+        curve, step_s = train("ar", run_dir, ["--n_train", str(N), "--epochs", str(E)], 0, cfg, N // cfg["batch"])
+        step_s = statistics.median(step_s)
+        model, tok, _, _ = load_model(os.path.join(run_dir, "ar.pt"))
+        ar = decode_and_score(tok, examples, lambda ps: batch_ar(model, ps, cfg["max_new_tokens"], tok.stop_ids).rows)
+        record(results, {"name": key, "N": N, "epochs": E, "held_out_loss": curve, "step_seconds": step_s, "ar": ar},
+               progress.print)
+        progress.update(1, f"finished {key}")
+    progress.close()
 
 
 def main():

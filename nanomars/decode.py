@@ -9,11 +9,12 @@ Decoding one sequence (docs/mars.md, "Decoding" and "Caches"). Read top to botto
    feeds [tokens accepted last step | B-1 masks] and advances the cache length over the real tokens
    only, so the masks' K/V sit beyond the length (hidden, overwritten next step) and every accepted token
    is recomputed with its real id; ar_decode is it with no masks;
-4. lossless MARS (mars_decode(lossless=True), batch_decode.batch_lossless): the masks' proposals are only
-   a draft, fed as real tokens by the next forward, whose outputs at them are AR's own predictions;
-   verify_draft keeps the draft's prefix AR agrees with (speculative decoding), so the output is AR's
-   for any model.
+4. lossless MARS (lossless_decode): the masks' proposals are only a draft, fed as real tokens by the
+   next forward, whose outputs at them are AR's own predictions; the draft's prefix AR agrees with is
+   kept (speculative decoding, verify_draft), so the output is AR's for any model.
+The batched engine (engine.py, strategies.py) runs the same rules for many prompts at once.
 """
+import html
 import time
 from dataclasses import dataclass, field
 
@@ -61,11 +62,31 @@ def check_decode_args(model, prompt, max_new_tokens, block_size=1, tau=1.0, metr
     check_tau(tau, metric)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty: give at least one token")
+    V = model.config.vocab_size
+    bad = next((t for t in prompt if not 0 <= t < V), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is outside the model's vocabulary of {V} ids (0..{V - 1}): encode "
+                         "the prompt with the model's own tokenizer")
     need, ctx = len(prompt) + max_new_tokens + block_size - 1, model.config.max_seq_len
     if need > ctx:
         raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) + block_size-1 "
                          f"({block_size - 1}) = {need} exceeds the model context of {ctx} tokens: shorten "
                          "the prompt or lower max_new_tokens")
+
+
+def sampling_dist(logits, temperature, top_k=None):
+    """(..., V) the distribution sampling draws from: softmax(logits / temperature) over the top_k
+    tokens (every token tied with the k-th largest logit included), renormalised."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(dist, generator=None):
+    """One token per distribution: dist (..., V) -> (...,)."""
+    return torch.multinomial(dist.flatten(0, -2), 1, generator=generator).view(dist.shape[:-1])
 
 
 def propose(logits, temperature=0.0, top_k=None, generator=None):
@@ -76,14 +97,8 @@ def propose(logits, temperature=0.0, top_k=None, generator=None):
     if temperature == 0:
         p = logits.float().softmax(-1)
         return p.max(-1).indices, p
-    logits = logits.float() / temperature
-    p = logits.softmax(-1)
-    q = p
-    if top_k is not None:  # everything below the k-th largest logit is out (multinomial renormalises)
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        q = p.masked_fill(logits < kth, 0.0)
-    y = torch.multinomial(q.flatten(0, -2), 1, generator=generator).view(p.shape[:-1])
-    return y, p
+    p = (logits.float() / temperature).softmax(-1)
+    return sample(sampling_dist(logits, temperature, top_k), generator), p
 
 
 def gate(p, y, tau, metric="prob"):
@@ -153,14 +168,9 @@ def mars_decode_plain(model, prompt, max_new_tokens, mask_id, block_size=4, tau=
 def mars_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, stop_ids=(), use_cache=True,
                 lossless=False):
     """mars_decode_plain with a KV cache: the same tokens and spans, each forward computing only the new
-    tokens. use_cache=False is mars_decode_plain. lossless=True: MARS as its own drafter, verified by AR
-    (tau is not used): exactly greedy AR's tokens, several per forward when the masks guess right; served
-    by the batch engine with one row."""
+    tokens. use_cache=False is mars_decode_plain. lossless=True is lossless_decode (tau is not used)."""
     if lossless:
-        check_decode_args(model, prompt, max_new_tokens, block_size)
-        from .batch_decode import batch_lossless  # batch_decode imports this module
-        return batch_lossless(model, [prompt], max_new_tokens, mask_id, block_size, stop_ids,
-                              cache="request" if use_cache else None).rows[0]
+        return lossless_decode(model, prompt, max_new_tokens, mask_id, block_size, stop_ids, use_cache)
     if not use_cache:
         return mars_decode_plain(model, prompt, max_new_tokens, mask_id, block_size, tau, stop_ids)
     check_decode_args(model, prompt, max_new_tokens, block_size, tau)
@@ -194,21 +204,6 @@ def ar_decode(model, prompt, max_new_tokens, stop_ids=(), use_cache=True):
 
 # -----------------------------------------------------------------------------
 # lossless MARS: verifying a draft
-
-
-def sampling_dist(logits, temperature, top_k=None):
-    """(..., V) the distribution sampling draws from: softmax(logits / temperature) over the top_k
-    tokens (every token tied with the k-th largest logit included), renormalised."""
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return logits.softmax(-1)
-
-
-def sample(dist, generator=None):
-    """One token per distribution: dist (..., V) -> (...,)."""
-    return torch.multinomial(dist.flatten(0, -2), 1, generator=generator).view(dist.shape[:-1])
 
 
 def verify_draft(draft, n_draft, logits, q=None, temperature=0.0, top_k=None, generator=None):
@@ -245,6 +240,46 @@ def verify_draft(draft, n_draft, logits, q=None, temperature=0.0, top_k=None, ge
     return y, a
 
 
+@torch.no_grad()
+def lossless_decode(model, prompt, max_new_tokens, mask_id, block_size=4, stop_ids=(), use_cache=True):
+    """Lossless MARS, greedy: each forward feeds [pending | draft | B-1 masks]. Causal attention and masks
+    last make the outputs at the last pending token and at the draft AR's own predictions for the
+    draft's positions and one more: keep the draft's prefix that equals them, then AR's next token. After
+    a fully kept draft (or none) this forward's mask proposals, which saw all of it, are the next draft;
+    after a rejection the next forward drafts afresh. Exactly greedy AR's tokens for any model.
+    With the cache the kept draft tokens' K/V are committed as they stand (fed with their real ids)."""
+    check_decode_args(model, prompt, max_new_tokens, block_size)
+    t0, out, dev = time.perf_counter(), Decoded(), model.embed.weight.device
+    cache = KVCache(model.config, 1, len(prompt) + max_new_tokens + 2 * block_size, dev,
+                    model.embed.weight.dtype) if use_cache else None
+    pending, draft = list(prompt), []  # pending: real tokens not in the cache (all of them without one)
+    while len(out.tokens) < max_new_tokens:
+        fed = pending + draft + [mask_id] * (block_size - 1)
+        start = cache.lengths if use_cache else torch.zeros(1, dtype=torch.long, device=dev)  # (1,)
+        slots = start[:, None] + torch.arange(len(fed), device=dev)[None]  # (1, T): also the positions
+        mask = decode_mask(start, len(fed), int(start[0]) + len(fed))
+        # (D + B, V): AR's outputs for the D draft positions and one more, then the masks'
+        logits = model(torch.tensor([fed], device=dev), slots, mask, cache, slots,
+                       keep=slice(len(pending) - 1, None))[0]
+        y = propose(logits)[0].tolist()
+        D = len(draft)
+        kept = next((i for i in range(D) if draft[i] != y[i]), D)
+        span = draft[:kept] + [y[kept]]
+        draft = y[D + 1:] if kept == D else []
+        if use_cache:
+            cache.lengths += len(pending) + kept
+            pending = [y[kept]]
+        else:
+            pending = pending + span
+        span, stopped = cut(span, max_new_tokens - len(out.tokens), stop_ids)
+        out.spans.append(span)
+        out.tokens += span
+        if stopped:
+            break
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
 def show_spans(tok, spans, color=False):
     """The answer with each forward's accepted tokens marked: alternating background colours on a
     terminal, [brackets] otherwise. Stop tokens are not shown."""
@@ -255,3 +290,26 @@ def show_spans(tok, spans, color=False):
         if text:
             parts.append(f"{colors[i % 2]}{text}\x1b[0m" if color else f"[{text}]")
     return "".join(parts)
+
+
+class Spans:
+    """A decoded answer that Jupyter draws with each forward's accepted tokens on alternating colours (a
+    cell that ends with Spans(tok, row.spans) shows it); print() gives show_spans' [brackets]."""
+    colors = ("#ffe08a", "#9be7f0")  # the terminal's yellow and cyan
+
+    def __init__(self, tok, spans):
+        self.tok, self.spans = tok, spans
+
+    def __str__(self):
+        return show_spans(self.tok, self.spans)
+
+    __repr__ = __str__  # what a text-only view of a notebook shows
+
+    def _repr_html_(self):
+        cells = []
+        for i, span in enumerate(self.spans):
+            text = "".join(self.tok.decode_tokens([t for t in span if t not in self.tok.stop_ids]))
+            if text:
+                cells.append(f'<span style="background:{self.colors[i % 2]};white-space:pre">'
+                             f"{html.escape(text)}</span>")
+        return '<span style="font-family:monospace;color:#000">' + "".join(cells) + "</span>"

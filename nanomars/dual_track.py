@@ -87,14 +87,22 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     clean c_t = x_t; noisy n_t = MASK where x_t is a response token, else x_t (prompt tokens stay real).
     Both halves use position ids 0..L-1, so noisy token t sits exactly where clean token t does.
     The output at position t of EITHER stream predicts x_{t+1} (AR's shift, kept everywhere): so both
-    halves share one target row. How far ahead of the known context each output predicts:
+    halves share one target row. How far ahead of the last real token it can see each output predicts
+    (docs/mars.md, section 5):
       clean output at t:              distance 1 (plain next-token prediction)
-      noisy output at t = k*B + j:    has seen clean x_0..x_{kB-1} and j+1 noisy inputs, predicts
-                                      x_{kB+j+1}: distance j+2, so 2..B+1 over the block
-      the decoder uses 1..B: distance 1 from the last real token, 2..B from its B-1 masks; the
+      noisy output at t = s + j, in a response block starting at s: has seen clean x_0..x_{s-1} and
+                                      j+1 masks, predicts x_{s+j+1}: distance j+2, so 2..B+1 over the block
+      noisy outputs of the block where the prompt ends: its prompt tokens are real in the noisy stream,
+                                      so the output at the last prompt token predicts the first response
+                                      token at distance 1, and the masks after it 2, 3, ... to the block's
+                                      end: one distance-1 noisy target per example (per trained turn)
+      the decoder uses 1..B: distance 1 from the last real token, 2..B from its B-1 masks; a full
       block's last noisy output (distance B+1) is trained but never used.
-    offsets: None, or an (N,) long tensor of per-example block offsets r (random_offsets; pass the same
-    ones to collate): row n's blocks are k(t) = (t + r) // B, so block k starts at kB - r and the
+    The paper counts one AR-like prediction in B, taking a block's predictions as distances 1..B; with the
+    shift, a block's distance-1 prediction is the clean output just before it (section 5 reconciles the two).
+    offsets: None (blocks from position 0, s = kB: the released alignment, --no-random_offsets), or an
+    (N,) long tensor of per-example block offsets r (random_offsets, train.py's default; pass the same
+    ones to collate): row n's blocks are k(t) = (t + r) // B, so block k starts at s = kB - r and the
     known context above can end anywhere, not only at multiples of B. Distances are unchanged.
     loss = mean CE(noisy) + alpha * mean CE(clean), each mean over the response targets (logits are
     computed only at the outputs that have one), taken as reduce_loss's loss_norm says; alpha = 0 is the

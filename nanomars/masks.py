@@ -3,11 +3,15 @@ Every attention mask of nanoMARS, written by hand over index grids. True = the q
 the key (column). The model takes these as they are; nothing else decides who sees whom.
 
 The MARS training input is one sequence of length 2L: [clean x_0..x_{L-1} | noisy n_0..n_{L-1}], where the
-noisy stream has MASK in place of response tokens. B is the block size; block index k(t) = (t + r) // B,
-where r is the example's block offset (0 by default: blocks counted from position 0). With r = 0 the known
-context of every noisy prediction has a length that is a multiple of B, while a decoder's window starts
-wherever the answer has got to; training with random offsets r in [0, B) shows the model every alignment.
-docs/mars.md, section "The mask", explains the rules and draws the picture (r = 0).
+noisy stream has MASK in place of response tokens. B is the block size (and nothing else); token t is in
+block k(t) = (t + r) // B, where r is the example's block offset.
+Default alignment: in training, blocks are counted from a random per-example offset. train.py's stage mars
+draws r uniformly in [0, B) for every example at every step (dual_track.random_offsets), because with
+r = 0 the clean context a noisy prediction sees always ends at a multiple of B, while a decoder's window
+starts wherever the answer has got to; random offsets show the model every alignment. --no-random_offsets
+trains with r = 0, blocks counted from position 0, as the released code does.
+The functions below take offset=0 unless given one: the released mask, drawn in docs/mars.md, section
+"The mask", which explains the rules.
 """
 import torch
 
@@ -45,7 +49,7 @@ def mars_train_mask(L, block_size, device=None, offset=0):
     offset: an int -> one (2L, 2L) mask; an (N,) tensor -> (N, 2L, 2L), row n's blocks shifted by
     offset[n]. A nonzero offset makes the first block (and usually the last) shorter than B, so the known
     context of a noisy prediction can end anywhere, as it does when decoding. offset 0 = blocks from
-    position 0, the paper's mask."""
+    position 0, the released mask; train.py passes random per-example offsets by default."""
     (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, offset, device)
     clean_clean = ~qn & ~kn & (kt <= qt)
     noisy_noisy = qn & kn & (kk == qk) & (kt <= qt)

@@ -270,6 +270,19 @@ def load_checker(spec: str) -> Callable[[dict, str], bool]:
         raise ValueError(f"--check {spec!r}: {where} has no function {name}")
     return fn
 
+def score(tok, examples, rows, checker=check) -> dict:
+    """How well decoded rows answer their examples (rows[i], with .tokens and .forwards, answers examples[i];
+    stop tokens are not part of the answer). Returns {"accuracy": {family: fraction right, ..., "all": ...},
+    "tokens_per_forward", "tokens", "forwards"}; examples without a family count as "data"."""
+    right, total = {}, {}
+    for ex, row in zip(examples, rows, strict=True):
+        ok = bool(checker(ex, tok.decode([t for t in row.tokens if t not in tok.stop_ids])))
+        for key in (ex.get("family", "data"), "all"):
+            right[key], total[key] = right.get(key, 0) + ok, total.get(key, 0) + 1
+    tokens, forwards = sum(len(r.tokens) for r in rows), sum(r.forwards for r in rows)
+    return {"accuracy": {k: right[k] / total[k] for k in total}, "tokens_per_forward": tokens / max(1, forwards),
+            "tokens": tokens, "forwards": forwards}
+
 # -----------------------------------------------------------------------------
 # JSONL in the common {"messages": [{"role", "content"}, ...]} format (plus optional "family")
 
@@ -277,8 +290,16 @@ def write_jsonl(path, examples):
     Path(path).write_text("".join(json.dumps(ex) + "\n" for ex in examples))
 
 def read_jsonl(path) -> list[dict]:
+    """Every bad line is one ValueError naming the file and the line (train.py turns it into one error line)."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")  # JSON is UTF-8, whatever the machine's locale
+    except UnicodeDecodeError as e:  # e.g. a file saved as Latin-1: name the line, not the byte's file offset
+        lineno, column = data.count(b"\n", 0, e.start) + 1, e.start - data.rfind(b"\n", 0, e.start)
+        raise ValueError(f"{path}, line {lineno}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column {column}): "
+                         "save the file as UTF-8") from None
     examples = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -6,7 +6,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nanomars.model import Config, Decoder  # noqa: E402
+from nanomars.masks import causal_mask  # noqa: E402
+from nanomars.model import Config, Decoder, KVCache  # noqa: E402
+from nanomars.tasks import held_out_split  # noqa: E402
 
 
 def random_model(seed=0, **overrides):
@@ -15,6 +17,38 @@ def random_model(seed=0, **overrides):
     model = Decoder(Config(**{**cfg, **overrides}))
     model.init_weights()
     return model.eval()
+
+
+def constant_model(token, **overrides):
+    """A decoder that predicts `token` whatever it is fed (its head: zero weights and a bias on `token`), so
+    its greedy continuation is token, token, ..."""
+    model = random_model(tie_embeddings=False, **overrides)
+    head = torch.nn.Linear(model.config.n_embd, model.config.vocab_size)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[token] = 5.0
+    model.lm_head = head
+    return model
+
+
+def held_out_prompts(tok, n_per_family=1, greeting=False):
+    """The user turns of the first n_per_family held-out examples of every task family, as prompt ids, family
+    after family; greeting: then the one-word chat "Hi", a short prompt among the long ones."""
+    prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in held_out_split(n_per_family)]
+    return prompts + [tok.prompt_ids("Hi")] if greeting else prompts
+
+
+@torch.no_grad()
+def assert_cache_is_a_fresh_prefill(model, cache, row, tokens):
+    """Row `row` of a KVCache holds `tokens` and nothing else: its length is len(tokens) and its K/V up to
+    there equal those of one causal forward over the tokens alone (no mask token's K/V kept, none missing)."""
+    L = len(tokens)
+    assert int(cache.lengths[row]) == L
+    fresh = KVCache(model.config, 1, L, "cpu", cache.k.dtype)
+    model(torch.tensor([tokens]), torch.arange(L)[None], causal_mask(L), fresh, torch.arange(L)[None])
+    torch.testing.assert_close(cache.k[:, row, :, :L], fresh.k[:, 0])
+    torch.testing.assert_close(cache.v[:, row, :, :L], fresh.v[:, 0])
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,18 @@
+import math
+
 import pytest
 import torch
 
-from conftest import random_model
+from conftest import assert_cache_is_a_fresh_prefill, constant_model, held_out_prompts, random_model
 from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_jacobi, splice
 from nanomars.decode import ar_decode, gate, mars_decode, propose
 from nanomars.masks import causal_mask
-from nanomars.tasks import held_out_split
 
 MASK = 96
 STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache="block", cache_block=4),
               dict(cache="block", cache_block=8)]
 # very different lengths, a 1-token prompt
 RANDOM_PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
-
-
-def held_out_prompts(tok, n_per_family=1):
-    return [tok.prompt_ids(ex["messages"][:1]) for ex in held_out_split(n_per_family)]
 
 
 def test_splice_aligns_rows():
@@ -93,11 +90,7 @@ def test_cache_holds_only_real_tokens(tok, trained):
             for i, row in enumerate(eng.active.tolist()):
                 L = int(eng.cache.lengths[i])
                 assert L == len(prompts[row]) + int(eng.generated[i]) - int(eng.n_pend[i])
-                real = torch.tensor([(prompts[row] + eng.out.rows[row].tokens)[:L]])
-                fresh = BatchEngine(trained, [real[0].tolist()], 2, cache="request", block_size=1)
-                fresh.step()
-                torch.testing.assert_close(eng.cache.k[:, i, :, :L], fresh.cache.k[:, 0, :, :L])
-                torch.testing.assert_close(eng.cache.v[:, i, :, :L], fresh.cache.v[:, 0, :, :L])
+                assert_cache_is_a_fresh_prefill(trained, eng.cache, i, (prompts[row] + eng.out.rows[row].tokens)[:L])
 
 
 def test_per_row_tau_is_a_real_time_knob(tok, trained):
@@ -128,7 +121,31 @@ def test_jacobi_equals_greedy_ar(tok, trained, model_name):
     for window in (2, 4):
         jac = batch_jacobi(model, prompts, 40, window, stops)
         assert [r.tokens for r in jac.rows] == [r.tokens for r in ar.rows]
-        assert jac.tokens_per_forward >= 1.0 and jac.forwards <= ar.forwards
+
+
+@pytest.mark.parametrize("window", [2, 4])
+def test_jacobi_accepts_whole_windows_once_the_guesses_converge(window):
+    """Greedy AR of a constant model is token, token, ... The first forward checks guesses of an unrelated
+    token and keeps only its first output; from then on every guess is the model's output, so each forward
+    accepts its whole window: 1 + ceil(29 / window) forwards for 30 tokens, where AR takes 30."""
+    model, token = constant_model(3), 3
+    out = batch_jacobi(model, RANDOM_PROMPTS, 30, window)
+    for row in out.rows:
+        assert row.tokens == [token] * 30
+        assert [len(s) for s in row.spans] == [1] + [window] * (29 // window) + ([29 % window] if 29 % window else [])
+    assert out.forwards == 1 + math.ceil(29 / window)
+
+
+def test_jacobi_accepts_more_than_one_token_per_forward_on_the_trained_model(tok, trained):
+    prompts = held_out_prompts(tok)
+    ar = batch_ar(trained, prompts, 40, tok.stop_ids)
+    jac = batch_jacobi(trained, prompts, 40, 4, tok.stop_ids)
+    assert [r.tokens for r in jac.rows] == [r.tokens for r in ar.rows]
+    assert any(len(s) > 1 for r in jac.rows for s in r.spans)
+    assert sum(r.forwards for r in jac.rows) < sum(r.forwards for r in ar.rows)
+    # past the stop token the trained model repeats itself: guesses converge and whole windows are accepted
+    free = batch_jacobi(trained, prompts, 40, 4)
+    assert free.tokens_per_forward > 2
 
 
 def test_sampling_is_reproducible_and_top1_is_greedy(tok, trained):

@@ -42,6 +42,9 @@ def files(tmp_path_factory, tok):
     (d / "bad_line2.jsonl").write_text(json.dumps(good) + "\n{oops\n")
     (d / "no_messages.jsonl").write_text('{"text": "hi"}\n')
     (d / "one.jsonl").write_text(json.dumps(good) + "\n")
+    latin1 = {"messages": [{"role": "user", "content": "caf\u00e9?"}, {"role": "assistant", "content": "yes"}]}
+    latin1 = json.dumps(latin1, ensure_ascii=False)  # the e-acute is byte 0xe9 in Latin-1, at column 47
+    (d / "latin1.jsonl").write_bytes(f"{json.dumps(good)}\n\n{latin1}\n".encode("latin-1"))  # a blank line 2
     return d
 
 
@@ -100,6 +103,7 @@ def test_train_rejects_a_missing_gpu(tmp_path):
     (["--max_len", "20"], "fits --max_len 20"),
     (["--stage", "mars"], "no checkpoint at"),
     (["--stage", "mars", "--resume"], "no checkpoint at"),
+    (["--fsdp"], "--fsdp shards across the processes torchrun starts"),
 ])
 def test_train_rejects_bad_setups(tmp_path, args, expected):
     assert_one_line_error(run("train.py", *TRAIN, "--out_dir", tmp_path, *args), expected)
@@ -110,6 +114,7 @@ def test_train_rejects_bad_setups(tmp_path, args, expected):
     ("bad_line2.jsonl", "bad_line2.jsonl, line 2"),
     ("no_messages.jsonl", "no_messages.jsonl, line 1"),
     ("one.jsonl", "need at least 2, one held out for the loss curve"),
+    ("latin1.jsonl", "latin1.jsonl, line 3: not valid UTF-8 (byte 0xe9 at column 47): save the file as UTF-8"),
 ])
 def test_train_rejects_bad_data_files(files, tmp_path, data, expected):
     assert_one_line_error(run("train.py", *TRAIN, "--out_dir", tmp_path, "--data", files / data), expected)

@@ -3,11 +3,10 @@ import os
 import pytest
 import torch
 
-from conftest import random_model
+from conftest import held_out_prompts, random_model
 from nanomars.checkpoint import load_checkpoint, save_checkpoint
 from nanomars.decode import accept, ar_decode, mars_decode, show_spans
 from nanomars.masks import causal_mask
-from nanomars.tasks import held_out_split
 
 MASK = 96
 
@@ -40,8 +39,7 @@ def test_tau_one_is_greedy_ar_on_a_random_model(use_cache, block_size):
 
 
 def test_tau_one_is_greedy_ar_on_a_trained_model(tok, trained):
-    for ex in held_out_split(3):
-        prompt = tok.prompt_ids(ex["messages"][:1])
+    for prompt in held_out_prompts(tok, 3):
         ar = ar_decode(trained, prompt, 48, tok.stop_ids)
         for use_cache in (True, False):
             out = mars_decode(trained, prompt, 48, tok.mask_id, 4, 1.0, tok.stop_ids, use_cache)
@@ -50,8 +48,7 @@ def test_tau_one_is_greedy_ar_on_a_trained_model(tok, trained):
 
 def test_trained_model_accepts_several_tokens_and_cache_changes_nothing(tok, trained):
     total_tokens = total_forwards = 0
-    for ex in held_out_split(3):
-        prompt = tok.prompt_ids(ex["messages"][:1])
+    for prompt in held_out_prompts(tok, 3):
         for tau in (0.9, 0.5):
             cached = mars_decode(trained, prompt, 48, tok.mask_id, 4, tau, tok.stop_ids, use_cache=True)
             uncached = mars_decode(trained, prompt, 48, tok.mask_id, 4, tau, tok.stop_ids, use_cache=False)
@@ -63,11 +60,14 @@ def test_trained_model_accepts_several_tokens_and_cache_changes_nothing(tok, tra
 
 def test_cached_equals_uncached_for_low_tau_on_a_random_model():
     model = random_model()
-    for tau in (0.05, 0.02, 0.01):  # a random model is unsure: only a low tau accepts extra tokens
+    # a random model is unsure (p near 1/97): only a tau this low accepts extra tokens. At 0.017 and 0.0165
+    # some windows are cut part way, leaving masks' K/V beyond the cache length; at 0.01 all are taken whole
+    for tau, part_way in ((0.017, True), (0.0165, True), (0.01, False)):
         a = mars_decode(model, [1, 2, 3], 40, MASK, 4, tau, use_cache=True)
         b = mars_decode(model, [1, 2, 3], 40, MASK, 4, tau, use_cache=False)
-        assert a.spans == b.spans
-    assert a.forwards < 40
+        assert a.spans == b.spans, tau
+        assert a.forwards < 40, tau  # extra tokens were accepted at this tau
+        assert any(1 < len(s) < 4 for s in a.spans) == part_way, tau
 
 
 def test_accept_stops_at_first_failure_and_tau_one_keeps_one():
@@ -153,7 +153,7 @@ def test_decoders_run_under_bf16_autocast_and_stay_greedy_up_to_near_ties(tok, t
     choice up to a near-tie (assert_near_greedy): bf16 may flip an argmax whose top two are within
     rounding, never one with a clear margin. Exact equality is a float32 property (docs/mars.md)."""
     from nanomars.batch_decode import batch_ar, batch_decode, batch_lossless
-    prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in held_out_split(1)]
+    prompts = held_out_prompts(tok)
     with torch.no_grad():
         a = trained(torch.tensor([prompts[0]]), torch.arange(len(prompts[0]))[None], causal_mask(len(prompts[0])))
         with torch.autocast("cpu", torch.bfloat16):

@@ -20,7 +20,10 @@ def test_small_cpu_run(tmp_path, capsys):
     assert "ERROR" not in capsys.readouterr().out
     assert {"parity", "train", "decode"} <= set(r) and not any("error" in r[k] for k in ("parity", "train", "decode"))
     f = r["fsdp"]  # the FSDP2-sharded step ran, over a one-process group
-    assert "error" not in f and f["world"] == 1 and f["step_s"] > 0 and f["over_unsharded_step_time"] > 0
+    assert "error" not in f and f["world"] == 1 and f["processed_seq"] == 2 * f["seq"]
+    # rates and ratios are what their names say, from the measured step times
+    assert f["tokens_per_s"] == pytest.approx(f["batch"] * f["seq"] / f["step_s"])
+    assert f["over_unsharded_step_time"] == pytest.approx(f["step_s"] / r["train"]["mars"]["step_s"])
     assert f["peak_mem_gib"] is None and f["mfu"] is None  # CUDA-only numbers
 
     pytest.importorskip("transformers")  # parity is skipped (and says so) without it
@@ -34,9 +37,10 @@ def test_small_cpu_run(tmp_path, capsys):
     assert t["tokens_per_step"] == 2 * 64
     for name, seq in (("mars", 128), ("ar", 64)):
         s = t[name]
-        assert s["step_s"] > 0 and s["tokens_per_s"] > 0 and s["processed_seq"] == seq
+        assert s["processed_seq"] == seq and s["tokens_per_s"] == pytest.approx(t["tokens_per_step"] / s["step_s"])
         assert s["peak_mem_gib"] is None and s["mfu"] is None  # CUDA-only numbers: n/a on CPU
-    assert t["mars_over_ar_step_time"] > 0 and t["sdpa_backends_for_mars_mask"]["math"]
+    assert t["mars_over_ar_step_time"] == pytest.approx(t["mars"]["step_s"] / t["ar"]["step_s"])
+    assert t["sdpa_backends_for_mars_mask"]["math"]
     # the kernel the dispatcher actually took, found by the profiler (on a CPU: the flash-cpu or math one)
     assert t["sdpa_kernel_for_mars_mask"] in ("flash-cpu", "math")
     assert r["decode"]["sdpa_kernel"] in ("flash-cpu", "math", "flash-cpu+math")
@@ -45,8 +49,16 @@ def test_small_cpu_run(tmp_path, capsys):
     d = r["decode"]
     for name in ("ar", "mars"):
         s = d[name]
-        assert s["tokens_per_s"] > 0 and s["forwards_per_s"] > 0 and s["tokens_per_forward"] >= 1
+        # the rates are counts over the run's seconds: all new_tokens (no stop token), and the forwards
+        # they took, a whole number from new_tokens / block (every window accepted) to new_tokens
+        assert s["tokens_per_s"] * s["seconds"] == pytest.approx(d["new_tokens"])
+        forwards = s["forwards_per_s"] * s["seconds"]
+        assert forwards == pytest.approx(round(forwards))
+        assert d["new_tokens"] / d["block"] <= round(forwards) <= d["new_tokens"]
+        assert s["tokens_per_forward"] == pytest.approx(s["tokens_per_s"] / s["forwards_per_s"])
     assert d["ar"]["tokens_per_forward"] == 1.0  # AR: one token per forward, by definition
+    for k in ("tokens_per_s", "forwards_per_s", "tokens_per_forward"):
+        assert d[f"mars_over_ar_{k}"] == pytest.approx(d["mars"][k] / d["ar"][k])
 
 
 def test_qwen05_shape_has_qwen05s_parameter_count():

@@ -4,12 +4,11 @@ shown to reject wrong acceptance rules)."""
 import pytest
 import torch
 
-import nanomars.batch_decode as batch_decode_module
-from conftest import random_model
+import nanomars.strategies as strategies_module
+from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
 from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_lossless
 from nanomars.decode import ar_decode, mars_decode, sample, sampling_dist
 from nanomars.masks import causal_mask
-from nanomars.tasks import held_out_split
 
 STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache="block", cache_block=4)]
 PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
@@ -22,10 +21,6 @@ def small_vocab_model(seed=0):
 
 
 SMALL_PROMPTS = [[1, 2, 3], [5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], [4, 4]]
-
-
-def held_out_prompts(tok):
-    return [tok.prompt_ids(ex["messages"][:1]) for ex in held_out_split(1)]
 
 
 def check_spans(out, B, max_new):
@@ -129,17 +124,13 @@ def test_cache_holds_only_real_tokens(tok, trained):
                 if kw["cache"] == "request":
                     assert int(eng.n_pend[i]) == 1  # only AR's own last token waits
                 committed_drafts |= len(eng.out.rows[row].spans[-1]) > 1
-                real = torch.tensor([(prompts[row] + eng.out.rows[row].tokens)[:L]])
-                fresh = BatchEngine(trained, [real[0].tolist()], 2, cache="request", block_size=1)
-                fresh.step()
-                torch.testing.assert_close(eng.cache.k[:, i, :, :L], fresh.cache.k[:, 0, :, :L])
-                torch.testing.assert_close(eng.cache.v[:, i, :, :L], fresh.cache.v[:, 0, :, :L])
+                assert_cache_is_a_fresh_prefill(trained, eng.cache, i, (prompts[row] + eng.out.rows[row].tokens)[:L])
         assert committed_drafts
 
 
 def test_bad_inputs_give_clear_errors():
     model = random_model()
-    with pytest.raises(ValueError, match="choose one of jacobi and lossless"):
+    with pytest.raises(ValueError, match="use one at a time"):
         BatchEngine(model, [[1]], 4, 96, 4, jacobi=True, lossless=True)
     with pytest.raises(ValueError, match="needs the mask token id"):
         batch_lossless(model, [[1]], 4, None, 4)
@@ -222,7 +213,7 @@ def test_lossless_sampling_has_ar_distribution_and_wrong_rules_fail(monkeypatch,
     assert out.tokens_per_forward > 1.02  # drafts were kept, not only rejected
     wrong = [batch_decode(model, [prompt] * N_SAMPLES, K, 7, B, 0.3, seed=0, **kw)]  # MARS: gate on q
     for rule in (keep_every_draft, replace_from_p):
-        monkeypatch.setattr(batch_decode_module, "verify_draft", rule)
+        monkeypatch.setattr(strategies_module, "verify_draft", rule)
         wrong.append(run())
     monkeypatch.undo()
     for w in wrong:

@@ -9,6 +9,7 @@ nbformat = pytest.importorskip("nbformat", reason="pip install -r requirements-t
 nbclient = pytest.importorskip("nbclient", reason="pip install -r requirements-test.txt to run notebooks")
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "notebooks", "*.ipynb")))
+SHOW_SPANS = ("02_train_and_decode.ipynb", "04_decoding_step_by_step.ipynb")  # they show decoded spans
 
 
 def code_cells(nb):
@@ -23,6 +24,12 @@ def draws(nb):
 def images(nb):
     """How many image/png outputs the notebook holds."""
     return sum("image/png" in out.get("data", {}) for c in code_cells(nb) for out in c.get("outputs", []))
+
+
+def html_spans(nb):
+    """How many outputs draw decoded spans as coloured HTML (decode.Spans)."""
+    return sum("background:" in out.get("data", {}).get("text/html", "")
+               for c in code_cells(nb) for out in c.get("outputs", []))
 
 
 def test_there_are_notebooks():
@@ -47,6 +54,8 @@ def test_committed_notebook_holds_its_outputs(path):
     assert not errors, f"the saved notebook holds an error: {errors[0].get('ename')}: {errors[0].get('evalue')}"
     if draws(nb):
         assert images(nb), "the notebook draws figures but stores no image/png output: execute it and save it"
+    if os.path.basename(path) in SHOW_SPANS:
+        assert html_spans(nb), "the notebook shows no spans as coloured HTML: display(Spans(tok, spans))"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
@@ -61,3 +70,5 @@ def test_notebook_runs(path, monkeypatch):
     client.execute()  # raises CellExecutionError, with the failing cell, on any error
     if draws(nb):
         assert images(nb), "the notebook draws figures but produced no image/png output"
+    if os.path.basename(path) in SHOW_SPANS:
+        assert html_spans(nb), "the notebook showed no spans as coloured HTML"

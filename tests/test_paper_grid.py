@@ -6,7 +6,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-from paper_grid import TAUS, grid_rows  # noqa: E402
+from paper_grid import QUICK, grid_rows  # noqa: E402
 
 
 def run(tmp_path, *flags, results="grid.jsonl"):
@@ -27,7 +27,6 @@ def test_the_grid_holds_every_row_the_paper_ran():
     assert rows["no_sft_B8"][2][-2:] == ["--objective", "no_sft_released"]
     assert rows["mars_B4_seqnorm"][2][-2:] == ["--loss_norm", "sequence"]
     assert rows["endless_ar_2x"][2] == ["--n_train", "20000", "--max_iters", "2400"]
-    assert TAUS[0] == 0.95 and TAUS[-1] == 0.3
 
 
 def test_quick_grid_runs_every_kind_of_row_and_resumes(tmp_path):
@@ -42,10 +41,32 @@ def test_quick_grid_runs_every_kind_of_row_and_resumes(tmp_path):
         else:
             assert 0 <= r["ar"]["accuracy"]["all"] <= 1 and r["ar"]["tokens_per_forward"] == 1
             assert set(r["ar"]["accuracy"]) >= {"arithmetic", "all"}
-    assert by_row["ar_E"]["jacobi_tokens_per_forward"] >= 1
+        if r["block_size"]:  # a stage-2 model: tau 1 and every tau of the protocol's sweep
+            assert set(r["sweep"]) == {"1", *(f"{tau:g}" for tau in QUICK["taus"])}
     assert by_row["mars_B4"]["sweep"]["1"] == by_row["mars_B4"]["ar"]  # tau 1 is AR
+    # the Jacobi figure is Jacobi's: decoded again here from the AR-SFT checkpoint the grid trained
+    from nanomars.batch_decode import batch_jacobi
+    from nanomars.checkpoint import load_model
+    from nanomars.tasks import held_out_split
+    model, tok, _, _ = load_model(str(tmp_path / "runs" / "seed1" / "ar_E" / "ar.pt"))
+    prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in held_out_split(QUICK["n_per_family"])]
+    jacobi = batch_jacobi(model, prompts, QUICK["max_new_tokens"], 4, tok.stop_ids)
+    assert by_row["ar_E"]["jacobi_tokens_per_forward"] == jacobi.tokens_per_forward
     assert len(by_row["ar_2E"]["held_out_loss"]) == 2 * len(by_row["ar_E"]["held_out_loss"])  # one point per epoch
     assert run(tmp_path) == results  # a second sitting finds every run done and adds nothing
+
+
+def test_jacobi_figure_counts_jacobis_forwards(monkeypatch, tok):
+    """evaluate_run on an AR model that always predicts one token (not a stop token): AR takes a forward per
+    token; Jacobi takes 1 forward for the first token, then one per whole window of 4, so 12 tokens in 4."""
+    import paper_grid
+    from conftest import constant_model
+    from nanomars.tasks import held_out_split
+    model = constant_model(tok.encode("a")[0], vocab_size=tok.vocab_size)
+    monkeypatch.setattr(paper_grid, "load_model", lambda path: (model, tok, 4, None))
+    scores = paper_grid.evaluate_run("ar.pt", held_out_split(1), None, "ar", {**QUICK, "max_new_tokens": 12})
+    assert scores["ar"]["tokens_per_forward"] == 1.0
+    assert scores["jacobi_tokens_per_forward"] == 12 / 4
 
 
 def test_timing_times_every_data_limited_training_once(tmp_path):

@@ -75,6 +75,19 @@ def test_jsonl_malformed_line(tmp_path, bad):
         tasks.read_jsonl(path)
 
 
+def test_jsonl_not_utf8_names_the_line_and_column(tmp_path):
+    good = json.dumps({"messages": [{"role": "user", "content": "né"}, {"role": "assistant", "content": "a"}]},
+                      ensure_ascii=False).encode()  # valid UTF-8 before the bad line is fine
+    bad = b'{"messages": [{"role": "user", "content": "caf\xe9"}, {"role": "assistant", "content": "a"}]}'  # Latin-1
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(good + b"\r\n" + good + b"\r\n" + bad + b"\r\n")  # Windows line ends
+    message = f"{path}, line 3: not valid UTF-8 (byte 0xe9 at column 47): save the file as UTF-8"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        tasks.read_jsonl(path)
+    path.write_bytes(good + b"\n" + bad.replace(b"\xe9", b"\xc3\xa9") + b"\n")  # the same line saved as UTF-8
+    assert tasks.read_jsonl(path)[1]["messages"][0]["content"] == "café"
+
+
 def test_examples_from_elsewhere_are_checked_by_exact_match():
     ex = {"messages": [{"role": "user", "content": "Spell out the digits 1 2."},
                        {"role": "assistant", "content": "The digits are one, two."}]}

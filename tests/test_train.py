@@ -28,8 +28,12 @@ def test_two_stages_and_resume(tmp_path):
     out = str(tmp_path)
     log = run(["--stage", "ar", "--max_iters", "3", "--out_dir", out, *TINY])
     assert "held-out ar" in log
+    first = log.splitlines()[0]  # what the stage trains: stage 1 has no objective, alpha or blocks
+    assert first.startswith("stage ar: AR-SFT (next-token loss); ") and not re.search("objective|alpha|block", first)
     log = run(["--stage", "mars", "--max_iters", "3", "--out_dir", out, *TINY])
     assert "held-out noisy" in log and "clean" in log
+    assert log.splitlines()[0].startswith("stage mars: MARS dual-track (objective mars), alpha 1.0, block_size 4, "
+                                          "random block offsets, loss_norm token; ")
     ar, _ = load_checkpoint(f"{out}/ar.pt")
     mars, ckpt = load_checkpoint(f"{out}/mars.pt")
     assert ckpt["step"] == 3 and ckpt["args"]["stage"] == "mars"

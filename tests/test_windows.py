@@ -6,11 +6,10 @@ forwards)."""
 import pytest
 import torch
 
-from conftest import random_model
+from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
 from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_paper_block
 from nanomars.decode import accept, cut
 from nanomars.masks import causal_mask
-from nanomars.tasks import held_out_split
 
 CACHES = [dict(cache=None), dict(cache="request"), dict(cache="block", cache_block=4),
           dict(cache="block", cache_block=8)]
@@ -43,10 +42,6 @@ def peaked_model():
 
 
 PEAKED_TAU = 0.35
-
-
-def held_out_prompts(tok):
-    return [tok.prompt_ids(ex["messages"][:1]) for ex in held_out_split(1)] + [tok.prompt_ids("Hi")]
 
 
 # --- plain references: no cache, the whole sequence every forward -------------------------------------
@@ -138,7 +133,7 @@ def test_paper_block_tau_one_is_greedy_ar_on_random_models(Bc):
 
 
 def test_tau_one_is_greedy_ar_on_the_trained_model(tok, trained):
-    prompts = held_out_prompts(tok)
+    prompts = held_out_prompts(tok, greeting=True)
     ar = [r.tokens for r in batch_ar(trained, prompts, 48, tok.stop_ids).rows]
     for kw in CACHES[:3]:
         for option in OPTIONS:
@@ -167,7 +162,7 @@ def test_options_equal_their_reference_on_a_random_model(option):
 @pytest.mark.parametrize("option", OPTIONS, ids=option_id)
 @pytest.mark.parametrize("tau", [0.9, 0.5])
 def test_options_batched_equal_one_by_one_and_reference_on_the_trained_model(tok, trained, option, tau):
-    prompts = held_out_prompts(tok)
+    prompts = held_out_prompts(tok, greeting=True)
     rule = aligned_rule(4) if "align" in option else adaptive_rule(4)
     refs = [reference(trained, p, 40, tok.mask_id, tau, tok.stop_ids, rule) for p in prompts]
     for kw in CACHES:
@@ -199,7 +194,7 @@ def test_paper_block_equals_its_reference_on_a_random_model(Bc):
 
 @pytest.mark.parametrize("tau", [0.9, 0.5])
 def test_paper_block_batched_equals_one_by_one_and_reference_on_the_trained_model(tok, trained, tau):
-    prompts = held_out_prompts(tok)
+    prompts = held_out_prompts(tok, greeting=True)
     out = batch_paper_block(trained, prompts, 40, tok.mask_id, 8, tau, tok.stop_ids)
     for i, prompt in enumerate(prompts):
         spans, every, forwards = paper_reference(trained, prompt, 40, tok.mask_id, 8, tau, tok.stop_ids)
@@ -218,7 +213,7 @@ def test_aligned_windows_never_cross_a_block_boundary(tok, trained, B):
     """Every accepted token after a span's first was proposed by a mask at a position p with
     p // B == c // B (c: the known tokens before the span), the window offered is exactly the masks
     left in that block (B - c % B, at most B-1) plus one, and the plain window does cross."""
-    prompts = held_out_prompts(tok)
+    prompts = held_out_prompts(tok, greeting=True)
     aligned = batch_decode(trained, prompts, 48, tok.mask_id, B, 0.3, tok.stop_ids, align=True)
     plain = batch_decode(trained, prompts, 48, tok.mask_id, B, 0.3, tok.stop_ids)
     bound_hit, crossed = False, False
@@ -242,7 +237,7 @@ def test_adaptive_windows_follow_the_rule(tok, trained, kw):
     """Recorded per forward: the first window is B; after a full window it grows by one (to B at most),
     after fewer than half accepted it shrinks by one (to 2 at least), else it stays; never wider than
     what was accepted allows. Both moves happen."""
-    prompts, B = held_out_prompts(tok), 4
+    prompts, B = held_out_prompts(tok, greeting=True), 4
     out = batch_decode(trained, prompts, 48, tok.mask_id, B, 0.5, tok.stop_ids, adaptive=True, **kw)
     grew = shrank = False
     for row, windows in zip(out.rows, out.windows):
@@ -257,20 +252,22 @@ def test_adaptive_windows_follow_the_rule(tok, trained, kw):
 
 
 def test_adaptive_window_grows_back_to_b_and_waiting_rows_keep_theirs(tok, trained):
-    """Under the block cache a row that waits accepts nothing, and its window does not move."""
+    """A window that shrank grows back to B. Under the block cache a row that waits accepts nothing, and
+    its window does not move."""
     prompts = held_out_prompts(tok)[:4]
     eng = BatchEngine(trained, prompts, 40, tok.mask_id, 4, 0.3, tok.stop_ids, cache="block", cache_block=8,
                       adaptive=True)
     waited = False
     while not eng.done:
-        before = dict(zip(eng.active.tolist(), eng.win.tolist()))
+        before = dict(zip(eng.active.tolist(), eng.strategy.win.tolist()))
         spans = eng.step()
-        for row, w in zip(eng.active.tolist(), eng.win.tolist()):
+        for row, w in zip(eng.active.tolist(), eng.strategy.win.tolist()):
             if row not in spans:
                 waited = True
                 assert w == before[row]
     assert waited
-    assert any(w == 4 for ws in eng.out.windows for w in ws[1:])
+    # some row's window shrank below B, and after its smallest it was B again
+    assert any(min(ws) < 4 and 4 in ws[ws.index(min(ws)):] for ws in eng.out.windows)
 
 
 def test_plain_windows_are_b_for_every_forward(tok, trained):
@@ -320,12 +317,7 @@ def test_paper_block_cache_holds_only_committed_blocks(tok, trained):
         for i, row in enumerate(eng.active.tolist()):
             L = int(eng.cache.lengths[i])
             assert L == len(prompts[row]) + eng.base and int(eng.n_pend[i]) == 0
-            real = prompts[row] + eng.out.rows[row].tokens
-            assert len(real) == L
-            fresh = BatchEngine(trained, [real], 2, cache="request", block_size=1)
-            fresh.step()
-            torch.testing.assert_close(eng.cache.k[:, i, :, :L], fresh.cache.k[:, 0, :, :L])
-            torch.testing.assert_close(eng.cache.v[:, i, :, :L], fresh.cache.v[:, 0, :, :L])
+            assert_cache_is_a_fresh_prefill(trained, eng.cache, i, prompts[row] + eng.out.rows[row].tokens)
     assert commits >= 3
 
 

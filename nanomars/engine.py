@@ -1,0 +1,219 @@
+"""
+Decoding many prompts at once: the engine's core (docs/mars.md, "Decoding" and "Caches").
+
+Each row of the batch is one prompt and what has been generated for it. The first cache.lengths[i] of
+those tokens are committed (their K/V are in row i's cache); the rest are pending: real tokens whose K/V
+are still to be computed (without a cache, every token is pending in every step). One step is one
+forward for every row:
+
+    x[i] = [pending tokens | what the strategy feeds]   left-aligned, padded to the widest row,
+           written at cache slots (= positions) cache.lengths[i], cache.lengths[i] + 1, ...
+
+The strategy (strategies.py) decides what is fed after the pending tokens (MARS: B-1 masks; Jacobi: its
+guesses; lossless MARS: a draft, then masks), reads the logits from the last pending token on and says
+how many tokens each row accepts. The core does the rest, the same for every strategy: one forward,
+commit real tokens to the cache, cut each row at its stop token or budget, record the accepted span,
+drop finished rows. Nothing here knows which strategy it runs.
+
+What is committed is the cache policy's call. PerRequestCache: every real token fed is committed at
+once (it was fed with its real id after real tokens only, so its K/V are exactly AR's); no row ever
+waits for another. NoCache: nothing is; every step recomputes each row's whole sequence. (nanoMARS's
+block-level cache is a third policy, kept as a baseline in baselines.py.) Masks, guesses and padding are
+never committed: they sit past the row's length, hidden from every later query by the mask, and are
+overwritten. Padding sits after each row's fed tokens, so no real query sees it either.
+"""
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .decode import Decoded, check_decode_args
+from .masks import decode_mask
+from .model import KVCache
+
+PAD = 0  # any real id: padding is never attended by a real query
+
+
+@dataclass
+class BatchDecoded:
+    rows: list  # one decode.Decoded per prompt; a row's forwards = the forwards in which it accepted tokens
+    forwards: int = 0  # model calls for the whole batch
+    seconds: float = 0.0
+    windows: list = None  # per row: how many proposals each forward that made one of its spans offered
+    paper_tokens: list = None  # the released block sampler only (baselines.py), per row: see there
+    paper_forwards: list = None
+
+    @property
+    def tokens(self):
+        return sum(len(r.tokens) for r in self.rows)
+
+    @property
+    def tokens_per_forward(self):
+        """Generated tokens (up to the stop token) / the forwards that produced them, over all rows."""
+        return self.tokens / max(1, sum(r.forwards for r in self.rows))
+
+    @property
+    def paper_tokens_per_forward(self):
+        """The released block sampler's own count (baselines.py); None for every other strategy."""
+        if self.paper_tokens is None:
+            return None
+        return sum(self.paper_tokens) / max(1, sum(self.paper_forwards))
+
+
+def splice(a, na, b, nb, skip=0):
+    """Per row i: [a[i, skip_i:na_i] | b[i, :nb_i]], left-aligned and padded with PAD.
+    a: (n, Pa), b: (n, Pb), na, nb, skip: (n,) or int. Returns (n, W) and the row lengths (n,)."""
+    n = a.shape[0]
+    skip = torch.as_tensor(skip, device=a.device).expand(n)
+    na = na - skip
+    out_len = na + nb
+    col = torch.arange(max(1, int(out_len.max())), device=a.device)[None]  # (1, W)
+    src = torch.cat([a, b, a.new_full((n, 1), PAD)], 1)  # the last column is the pad
+    idx = torch.where(col < na[:, None], col + skip[:, None], a.shape[1] + col - na[:, None])
+    idx = torch.where(col < out_len[:, None], idx, src.shape[1] - 1)
+    return src.gather(1, idx), out_len
+
+
+def forward_window(model, x, start, n_real, width, cache=None):
+    """x: (n, W) rows of [real tokens | fed tokens | padding] written from slot start[i] (the row's cache
+    length; 0 without a cache). Returns the logits (n, width, V) read from each row's last real token on:
+    its output proposes the next token, exactly as AR; the next width-1 are the fed tokens' outputs
+    (columns past what a row fed hold whatever follows it: they must not be used)."""
+    n, W = x.shape
+    slots = start[:, None] + torch.arange(W, device=x.device)  # (n, W): slots are the positions too
+    mask = decode_mask(start, W, int(start.max()) + W)  # (n, W, S): own row's slots up to itself
+    # padding may run past the context; nothing attends it, so its position only has to be legal
+    pos = slots.clamp(max=model.config.max_seq_len - 1)
+    cols = n_real[:, None] - 1 + torch.arange(width, device=x.device)  # (n, width)
+    return model(x, pos, mask, cache, slots, keep=cols.clamp(0, W - 1))  # logits only there
+
+
+def first_stop(y, n_acc, stop_ids):
+    """Cut each row's accepted span after its first stop token: (n_acc (n,), hit (n,) bool).
+    stop_ids: a 1-D tensor of ids."""
+    j = torch.arange(y.shape[1], device=y.device)
+    is_stop = torch.isin(y, stop_ids) & (j < n_acc[:, None])
+    hit = is_stop.any(1)
+    return torch.where(hit, is_stop.long().argmax(1) + 1, n_acc), hit
+
+
+class PerRequestCache:
+    """Commit every real token fed, at once: each row's cache grows by its own amount every step."""
+    cached, room = True, 0
+
+    def waiting(self, eng):
+        return torch.zeros_like(eng.n_pend, dtype=torch.bool)  # nobody ever waits
+
+    def commit(self, eng, n_verified):
+        return eng.n_pend + n_verified  # the pending tokens, and fed tokens the strategy verified as real
+
+
+class NoCache(PerRequestCache):
+    """Commit nothing: every forward recomputes each row's whole sequence."""
+    cached = False
+
+    def commit(self, eng, n_verified):
+        return torch.zeros_like(eng.n_pend)
+
+
+class Engine:
+    """Step-wise batched decoder: engine.step() runs one forward for every unfinished row and returns the
+    spans it accepted, {row: [ids]}; engine.run() steps to the end and returns the BatchDecoded.
+    strategy: a part from strategies.py; cache: PerRequestCache() or NoCache() (or baselines.BlockCache)."""
+
+    def __init__(self, model, prompts, max_new_tokens, strategy, stop_ids=(), cache=None):
+        if not prompts:
+            raise ValueError("no prompts to decode")
+        for prompt in prompts:
+            check_decode_args(model, prompt, max_new_tokens, strategy.ahead)
+        n, self.dev = len(prompts), model.embed.weight.device
+        self.model, self.max_new, self.strategy = model, max_new_tokens, strategy
+        self.policy = cache or PerRequestCache()
+        self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.dev)
+        self.out = BatchDecoded(rows=[Decoded() for _ in prompts], windows=[[] for _ in prompts])
+        L = max(len(p) for p in prompts)
+        # per row (n,): the rows still decoding (index into prompts), the pending tokens (n, P) and their
+        # count, the tokens generated so far
+        self.active = torch.arange(n, device=self.dev)
+        self.pending = torch.tensor([list(p) + [PAD] * (L - len(p)) for p in prompts], device=self.dev)
+        self.n_pend = torch.tensor([len(p) for p in prompts], device=self.dev)
+        self.generated = torch.zeros_like(self.n_pend)
+        size = L + max_new_tokens + 2 * strategy.ahead + self.policy.room  # + fed tokens, padding
+        self.cache = KVCache(model.config, n, size, self.dev, model.embed.weight.dtype) \
+            if self.policy.cached else None
+        strategy.start(self)
+        self.t0 = time.perf_counter()
+
+    @property
+    def done(self):
+        return len(self.active) == 0
+
+    @property
+    def start(self):
+        """(n,) each row's first slot this step: its committed tokens (0 without a cache)."""
+        return self.cache.lengths if self.cache is not None else torch.zeros_like(self.n_pend)
+
+    @property
+    def known(self):
+        """(n,) tokens each row knows: its prompt and what it has generated, committed or pending."""
+        return self.start + self.n_pend
+
+    @torch.inference_mode()
+    def step(self):
+        """One forward for every active row; returns the spans it accepted as {row: [ids]}."""
+        if self.done:
+            return {}
+        waiting = self.policy.waiting(self)  # (n,) rows that take nothing this step (block-level cache)
+        fed, n_fed = self.strategy.feed(self)  # (n, F) tokens after the pending ones, (n,) how many
+        x, _ = splice(self.pending, self.n_pend, fed, n_fed)  # (n, W)
+        logits = forward_window(self.model, x, self.start, self.n_pend, self.strategy.width, self.cache)
+        self.out.forwards += 1
+        y, n_acc, n_verified, offered = self.strategy.accept(self, logits, waiting)  # (n, width'), (n,) x3
+
+        n_acc = torch.minimum(torch.where(waiting, 0, n_acc), self.max_new - self.generated)
+        n_acc, hit = first_stop(y, n_acc, self.stop_ids)
+        finished = hit | (self.generated + n_acc >= self.max_new)
+        commit = self.policy.commit(self, torch.minimum(n_verified, n_acc))
+        if self.cache is not None:
+            self.cache.lengths += commit  # real tokens only; the rest falls beyond the length
+        self.pending, self.n_pend = splice(self.pending, self.n_pend, y, n_acc, skip=commit)
+        self.generated = self.generated + n_acc
+        spans, any_finished = self.record(y, n_acc, offered, finished)
+        if any_finished:
+            self.drop(~finished)
+        return spans
+
+    def record(self, y, n_acc, offered, finished):
+        """Append each row's accepted tokens y[:n_acc] (and how many proposals the forward offered it) to
+        the output, with one copy to the host. Returns ({row: span}, whether any row finished)."""
+        spans, any_finished = {}, False
+        host = torch.cat([self.active[:, None], n_acc[:, None], offered[:, None], finished[:, None], y], 1)
+        for row, k, w, fin, *ys in host.tolist():
+            any_finished |= bool(fin)
+            if k:
+                spans[row] = ys[:k]
+                self.out.rows[row].spans.append(ys[:k])
+                self.out.rows[row].tokens += ys[:k]
+                self.out.windows[row].append(w)
+        self.out.seconds = time.perf_counter() - self.t0
+        return spans, any_finished
+
+    def drop(self, keep):
+        """Finished rows leave the batch: the core's per-row tensors, the cache rows and the strategy's."""
+        self.active, self.pending, self.n_pend = self.active[keep], self.pending[keep], self.n_pend[keep]
+        self.generated = self.generated[keep]
+        if self.cache is not None:
+            c = self.cache
+            c.k, c.v, c.lengths = c.k[:, keep], c.v[:, keep], c.lengths[keep]
+        self.strategy.drop(keep)
+
+    def run(self, on_step=None):
+        """Step until every row is finished. on_step(engine, spans) is called after each step (it may
+        change engine.tau). Returns the BatchDecoded."""
+        while not self.done:
+            spans = self.step()
+            if on_step is not None:
+                on_step(self, spans)
+        for r in self.out.rows:
+            r.seconds = self.out.seconds
+        return self.out
