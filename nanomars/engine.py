@@ -11,9 +11,11 @@ forward for every row:
 
 The strategy (strategies.py) decides what is fed after the pending tokens (MARS: B-1 masks; Jacobi: its
 guesses; lossless MARS: a draft, then masks), reads the logits from the last pending token on and says
-how many tokens each row accepts. The core does the rest, the same for every strategy: one forward,
-commit real tokens to the cache, cut each row at its stop token or budget, record the accepted span,
-drop finished rows. Nothing here knows which strategy it runs.
+how many tokens each row accepts. Fed tokens follow each other as a chain unless the strategy's `parents`
+says they form a tree (tree.py: each sees only its own ancestors, at the position of its depth). The
+core does the rest, the same for every strategy: one forward, commit real tokens to the cache, cut each
+row at its stop token or budget, record the accepted span, drop finished rows. Nothing here knows which
+strategy it runs.
 
 What is committed is the cache policy's call. PerRequestCache: every real token fed is committed at
 once (it was fed with its real id after real tokens only, so its K/V are exactly AR's); no row ever
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .decode import Decoded, check_decode_args
-from .masks import decode_mask
+from .masks import decode_mask, tree_window
 from .model import KVCache
 
 PAD = 0  # any real id: padding is never attended by a real query
@@ -74,16 +76,21 @@ def splice(a, na, b, nb, skip=0):
     return src.gather(1, idx), out_len
 
 
-def forward_window(model, x, start, n_real, width, cache=None):
+def forward_window(model, x, start, n_real, width, cache=None, parents=None):
     """x: (n, W) rows of [real tokens | fed tokens | padding] written from slot start[i] (the row's cache
     length; 0 without a cache). Returns the logits (n, width, V) read from each row's last real token on:
     its output proposes the next token, exactly as AR; the next width-1 are the fed tokens' outputs
-    (columns past what a row fed hold whatever follows it: they must not be used)."""
+    (columns past what a row fed hold whatever follows it: they must not be used).
+    parents: None, the fed tokens form a chain (slots are the positions, each token sees its row up to
+    itself); or (n, F), they form a tree (tree verification, tree.py; masks.tree_window)."""
     n, W = x.shape
-    slots = start[:, None] + torch.arange(W, device=x.device)  # (n, W): slots are the positions too
-    mask = decode_mask(start, W, int(start.max()) + W)  # (n, W, S): own row's slots up to itself
+    slots = start[:, None] + torch.arange(W, device=x.device)  # (n, W)
+    if parents is None:  # slots are the positions too; each token sees its own row's slots up to itself
+        pos, mask = slots, decode_mask(start, W, int(start.max()) + W)  # mask (n, W, S)
+    else:
+        pos, mask = tree_window(start, n_real, parents, W, int(start.max()) + W)
     # padding may run past the context; nothing attends it, so its position only has to be legal
-    pos = slots.clamp(max=model.config.max_seq_len - 1)
+    pos = pos.clamp(max=model.config.max_seq_len - 1)
     cols = n_real[:, None] - 1 + torch.arange(width, device=x.device)  # (n, width)
     return model(x, pos, mask, cache, slots, keep=cols.clamp(0, W - 1))  # logits only there
 
@@ -138,7 +145,7 @@ class Engine:
         self.pending = torch.tensor([list(p) + [PAD] * (L - len(p)) for p in prompts], device=self.dev)
         self.n_pend = torch.tensor([len(p) for p in prompts], device=self.dev)
         self.generated = torch.zeros_like(self.n_pend)
-        size = L + max_new_tokens + 2 * strategy.ahead + self.policy.room  # + fed tokens, padding
+        size = L + max_new_tokens + strategy.ahead + strategy.width + self.policy.room  # + fed, padding
         self.cache = KVCache(model.config, n, size, self.dev, model.embed.weight.dtype) \
             if self.policy.cached else None
         strategy.start(self)
@@ -166,7 +173,9 @@ class Engine:
         waiting = self.policy.waiting(self)  # (n,) rows that take nothing this step (block-level cache)
         fed, n_fed = self.strategy.feed(self)  # (n, F) tokens after the pending ones, (n,) how many
         x, _ = splice(self.pending, self.n_pend, fed, n_fed)  # (n, W)
-        logits = forward_window(self.model, x, self.start, self.n_pend, self.strategy.width, self.cache)
+        parents = getattr(self.strategy, "parents", None)  # (n, F) when the fed tokens form a tree
+        logits = forward_window(self.model, x, self.start, self.n_pend, self.strategy.width, self.cache,
+                                parents)
         self.out.forwards += 1
         y, n_acc, n_verified, offered = self.strategy.accept(self, logits, waiting)  # (n, width'), (n,) x3
 

@@ -94,6 +94,42 @@ def decode_mask(start, T, S):
     return k_slot <= q_slot
 
 
+def tree_mask(parents):
+    """Tree attention among N fed tokens (tree verification, tree.py): parents (..., N) long gives each
+    node's parent, an earlier node, or -1 for a node that hangs from the last known token (the root).
+    Returns (..., N, N) bool: node i sees node j iff j is i or an ancestor of i; never a sibling, another
+    branch or a descendant. A chain (parents -1, 0, 1, ...) gives the causal mask. Built as reachability:
+    step[i, j] = (j is i or i's parent); its boolean square reaches two levels up, squaring s times 2^s."""
+    N = parents.shape[-1]
+    node = torch.arange(N, device=parents.device)
+    reach = (node[:, None] == node) | (parents[..., :, None] == node)  # (..., N, N) itself or its parent
+    for _ in range(max(1, N - 1).bit_length()):  # until 2^s >= N - 1, the deepest possible ancestor
+        reach = (reach.float() @ reach.float()) > 0
+    return reach
+
+
+def tree_window(start, n_real, parents, W, S):
+    """Positions (n, W) and mask (n, W, S) for rows of [n_real[i] real tokens | F fed tokens forming a
+    tree | padding] written at cache slots start[i], start[i]+1, ... (decode_mask's setting); parents
+    (n, F) as tree_mask's, per row. The real tokens and the padding are laid out as decode_mask has
+    them (position = slot). Fed token f sees the cache, every real token of its row, and its ancestors
+    and itself (tree_mask); its position is the last real token's plus its depth (siblings share one),
+    so each node is computed exactly as if its root-to-node path had been fed alone."""
+    n, F = parents.shape
+    dev = start.device
+    tree = tree_mask(parents)  # (n, F, F)
+    fed_q = torch.arange(W, device=dev)[None] - n_real[:, None]  # (n, W) fed index of a column: < 0 real
+    fed_k = torch.arange(S, device=dev)[None] - (start + n_real)[:, None]  # (n, S) the same for key slots
+    is_fed_q, is_fed_k = (fed_q >= 0) & (fed_q < F), (fed_k >= 0) & (fed_k < F)
+    rows = torch.arange(n, device=dev)[:, None, None]
+    seen = tree[rows, fed_q.clamp(0, F - 1)[:, :, None], fed_k.clamp(0, F - 1)[:, None, :]]  # (n, W, S)
+    mask = torch.where(is_fed_q[:, :, None] & is_fed_k[:, None, :], seen, decode_mask(start, W, S))
+    depth = tree.sum(-1)  # (n, F) a node sees itself and its ancestors: as many as its depth
+    slots = start[:, None] + torch.arange(W, device=dev)  # (n, W)
+    fed_pos = (start + n_real - 1)[:, None] + depth.gather(1, fed_q.clamp(0, F - 1))
+    return torch.where(is_fed_q, fed_pos, slots), mask
+
+
 def render_mask(mask, L=None, rows=None):
     """Text picture of a (T, S) mask, as drawn in docs/mars.md. With L given it is a dual-track mask and
     rows/cols are labelled C0..C{L-1} | N0..N{L-1}. `rows` optionally selects which query rows to print."""

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from conftest import random_model
-from nanomars.masks import bd3lm_mask, block_diffusion_mask, causal_mask, decode_mask, mars_train_mask, render_mask
+from nanomars.masks import (bd3lm_mask, block_diffusion_mask, causal_mask, decode_mask, mars_train_mask, render_mask,
+                            tree_mask, tree_window)
 
 # the picture in docs/mars.md, L=8, B=4
 SPEC_PICTURE = """\
@@ -244,3 +245,70 @@ def test_no_leak_with_offsets(r):
                 assert diff > 1e-4, (p, q, diff)
             else:
                 assert diff < 1e-6, (p, q, diff)
+
+
+# tree attention (tree verification, nanomars/tree.py): node i sees its ancestors and itself only. The tree:
+# 0 and 1 hang from the root (the last known token); 2, 3 are children of 0; 4 of 1; 5 of 2; 6 of 5
+TREE_PICTURE = """\
+             0  1  2  3  4  5  6
+    0        1  .  .  .  .  .  .
+    1        .  1  .  .  .  .  .
+    2        1  .  1  .  .  .  .
+    3        1  .  .  1  .  .  .
+    4        .  1  .  .  1  .  .
+    5        1  .  1  .  .  1  .
+    6        1  .  1  .  .  1  1"""
+
+# a window of tree lossless MARS (B = 3) without a cache: prompt tokens 0, 1 | tree nodes a = 2, b = 3 (both
+# children of the root, token 1) | the root's 2 masks 4, 5 | a's masks 6, 7 | b's masks 8, 9
+TREE_WINDOW_PICTURE = """\
+             0  1  2  3  4  5  6  7  8  9
+    0        1  .  .  .  .  .  .  .  .  .
+    1        1  1  .  .  .  .  .  .  .  .
+    2        1  1  1  .  .  .  .  .  .  .
+    3        1  1  .  1  .  .  .  .  .  .
+    4        1  1  .  .  1  .  .  .  .  .
+    5        1  1  .  .  1  1  .  .  .  .
+    6        1  1  1  .  .  .  1  .  .  .
+    7        1  1  1  .  .  .  1  1  .  .
+    8        1  1  .  1  .  .  .  .  1  .
+    9        1  1  .  1  .  .  .  .  1  1"""
+
+
+def test_tree_masks_match_their_pictures():
+    assert render_mask(tree_mask(torch.tensor([-1, -1, 0, 0, 1, 2, 5]))) == TREE_PICTURE
+    parents = torch.tensor([[-1, -1, -1, 2, 0, 4, 1, 6]])  # the fed tokens a, b, masks; -1: the root
+    pos, mask = tree_window(torch.tensor([0]), torch.tensor([2]), parents, 10, 10)
+    assert render_mask(mask[0]) == TREE_WINDOW_PICTURE
+    assert pos.tolist() == [[0, 1, 2, 2, 2, 3, 3, 4, 3, 4]]  # a fed token: the root's position + its depth
+
+
+def test_a_chain_is_the_causal_mask_and_the_decode_window():
+    for N in (1, 2, 5, 9):
+        chain = torch.arange(N) - 1  # each node's parent is the one before it
+        assert torch.equal(tree_mask(chain), causal_mask(N))
+    start, n_real, W = torch.tensor([3, 0, 5]), torch.tensor([1, 4, 2]), 9  # 3 rows, padded to 9 columns
+    chain = (torch.arange(W - 1) - 1).expand(3, -1)  # enough fed tokens for the row with the fewest real ones
+    pos, mask = tree_window(start, n_real, chain, W, int(start.max()) + W)
+    assert torch.equal(mask, decode_mask(start, W, int(start.max()) + W))
+    assert torch.equal(pos, start[:, None] + torch.arange(W))
+
+
+def test_tree_window_with_a_cache_and_padding():
+    """Two rows: 3 cached slots + 1 real token, 0 cached + 2 real; 3 fed tokens (0 -> root, 1 -> root,
+    2 -> 0); window 6 wide, so row 0 has 2 padding columns. Rule by rule."""
+    start, n_real, parents = torch.tensor([3, 0]), torch.tensor([1, 2]), torch.tensor([[-1, -1, 0]] * 2)
+    W, S = 6, 9
+    pos, mask = tree_window(start, n_real, parents, W, S)
+    sees = {0: [0], 1: [1], 2: [0, 2]}  # fed token -> the fed tokens it sees: its ancestors and itself
+    for i in range(2):
+        s0, r = int(start[i]), int(n_real[i])
+        for q in range(W):
+            allowed = set(range(s0 + q + 1))  # decode_mask: the cache and the window up to itself
+            f = q - r
+            if 0 <= f < 3:  # a fed token: the cache, the real tokens, its ancestors and itself
+                allowed = set(range(s0 + r)) | {s0 + r + a for a in sees[f]}
+                assert int(pos[i, q]) == s0 + r - 1 + len(sees[f])
+            else:
+                assert int(pos[i, q]) == s0 + q
+            assert {s for s in range(S) if mask[i, q, s]} == allowed, (i, q)
