@@ -2,6 +2,7 @@
 Train nanoMARS in two stages (docs/mars.md explains the method):
   python train.py --stage ar      # stage 1: AR-SFT from scratch (or --init_from a Qwen2.5 folder)
   python train.py --stage mars    # stage 2: MARS dual-track fine-tuning, starting from stage 1
+  python train.py --stage medusa  # a peer: block_size-1 Medusa heads on the frozen stage-1 model (nanomars/medusa.py)
   python train.py --config config/qwen05_ar.py --data sft.jsonl   # a preset: the paper's recipe
 Checkpoints: out/ar.pt and out/mars.pt (self-describing, atomic); --resume continues a stage.
 With --init_from <Hugging Face folder> the run also writes out/<stage>_hf/, loadable by transformers.
@@ -23,6 +24,7 @@ from nanomars.cli import fail
 from nanomars.distributed import (close_distributed, gradient_sync, init_distributed, load_resume,
                                   mean_over_ranks, parallel, place, restore, save)
 from nanomars.dual_track import ar_loss, collate, diffusion_times, dual_track_loss, random_offsets
+from nanomars.medusa import medusa_objective, medusa_start
 from nanomars.model import Config, Decoder
 from nanomars.tasks import held_out_split, read_jsonl, train_examples
 from nanomars.tokenizer import load_default_tokenizer
@@ -43,6 +45,8 @@ init_from = args.init_from or ("scratch" if args.stage == "ar" else os.path.join
 
 def load_start():
     """(model, tokenizer, hf_folder or None, step, what restore loads or None): where this run starts."""
+    if args.stage == "medusa":  # the stage-1 model, frozen, and new heads (or --resume: out_dir/medusa.pt)
+        return medusa_start(args, init_from)
     if args.resume:  # this stage's own checkpoint: weights, step and AdamW state
         return load_resume(args.out_dir, args.stage, args.fsdp, args.device)
     if init_from == "scratch":
@@ -77,6 +81,8 @@ def make_loss(args, mask_id):
             loss = ar_loss(model, x, targets)
             return loss, {"ar": loss.detach()}
         return "AR-SFT (next-token loss)", next_token
+    if args.stage == "medusa":
+        return medusa_objective(B - 1, norm)
     if name == "bd3lm":
         def block_diffusion(model, x, response, targets, offsets, gen):
             loss, noisy = block_diffusion_loss(model, x, response, targets, B, mask_id, gen, norm)

@@ -227,7 +227,7 @@ class Decoder(nn.Module):
         self.inv_freq = self.rope_inv_freq().to(self.inv_freq.device)
         return self
 
-    def forward(self, idx, pos, mask, cache=None, slots=None, keep=None, targets=None):
+    def forward(self, idx, pos, mask, cache=None, slots=None, keep=None, targets=None, hidden=False):
         """idx, pos: (N, T) token and position ids; mask: (N, T, S) or (T, S) bool, True = query t may
         attend key s, where the keys are the T inputs themselves (S = T) or, with a cache, its first S
         slots after this step's K/V were written at `slots` (N, T). Returns float32 logits (N, T, V).
@@ -237,6 +237,8 @@ class Decoder(nn.Module):
         tensor, positions per row: (N, k, V); an (N, T) bool tensor: (K, V), the True ones in row-major
         order. targets: (K,) token ids, one per kept output: returns their float32 cross-entropies (K,)
         instead of logits, computed chunk by chunk (chunked_cross_entropy), as training needs.
+        hidden=True: returns the final-norm outputs at the kept positions instead, (N, k, C) or (K, C): what
+        the lm_head reads, and what Medusa's heads (medusa.py) read.
         Positions are not checked here (that would stall a GPU on every call): the decoders check the
         prompt against max_seq_len before they start, train.py drops examples longer than the context."""
         if idx.shape != pos.shape:
@@ -255,6 +257,8 @@ class Decoder(nn.Module):
         elif keep is not None:
             x = x[:, keep]  # (N, k, C)
         x = self.norm(x)  # per output, so selecting first changes nothing
+        if hidden:
+            return x
         if targets is not None:
             return chunked_cross_entropy(x, self.lm_head.weight, targets, self.loss_chunk)  # (K,)
         return self.lm_head(x).float()  # (..., V)

@@ -16,10 +16,13 @@ def train_parser(doc):
     p = ArgumentParser(doc)
     p.add_argument("--config", default=None, help="a preset (config/*.py): its values act as flags given first, "
                    "so flags on the command line win")
-    p.add_argument("--stage", choices=["ar", "mars"], default="ar")
+    p.add_argument("--stage", choices=["ar", "mars", "medusa"], default="ar", help="ar: stage 1; mars: stage 2; "
+                   "medusa: a peer of stage 2, block_size-1 Medusa-1 heads trained on the frozen stage-1 model "
+                   "(nanomars/medusa.py)")
     p.add_argument("--out_dir", default="out")
     p.add_argument("--init_from", default=None, help="stage ar: 'scratch' (default) or a Hugging Face folder; "
-                   "stage mars: a .pt checkpoint (default out_dir/ar.pt) or a Hugging Face folder")
+                   "stage mars: a .pt checkpoint (default out_dir/ar.pt) or a Hugging Face folder; stage medusa: "
+                   "a .pt checkpoint (default out_dir/ar.pt)")
     p.add_argument("--resume", action=SWITCH, default=False, help="continue this stage from out_dir/<stage>.pt "
                    "(with --fsdp: from the sharded out_dir/<stage>_dcp/)")
     p.add_argument("--data", default=None, help="a JSONL of {'messages': [...]} (default: the built-in task suite)")
@@ -56,7 +59,7 @@ def train_parser(doc):
     p.add_argument("--batch_size", type=positive_int, default=32, help="examples per micro-step per process: "
                    "the global batch is batch_size x grad_accum x processes")
     p.add_argument("--grad_accum", type=positive_int, default=1)
-    p.add_argument("--lr", type=positive_float, default=None, help="default: 2e-3 (ar) / 1e-3 (mars) from scratch; 5e-6 (the paper's) for Qwen2.5")
+    p.add_argument("--lr", type=positive_float, default=None, help="default: 2e-3 (ar) / 1e-3 (mars, medusa) from scratch; 5e-6 (the paper's) for Qwen2.5")
     p.add_argument("--warmup", type=nonneg_int, default=20, help="linear warmup steps")
     p.add_argument("--min_lr_ratio", type=nonneg_float, default=0.1,
                    help="after warmup the lr decays along a cosine to this fraction of --lr (the paper: 0)")
@@ -136,4 +139,8 @@ def parse_args(argv=None, doc=None):
         args.random_offsets = dual_track
     if args.objective != "mars" and args.stage != "mars":
         p.error(f"--objective {args.objective} is a stage-2 objective: use it with --stage mars")
+    if args.stage == "medusa" and args.block_size < 2:
+        p.error("--stage medusa trains block_size-1 heads: need --block_size >= 2")
+    if args.stage == "medusa" and args.fsdp:
+        p.error("--stage medusa trains a few small heads: run it without --fsdp (one process or DDP)")
     return args
