@@ -1,5 +1,5 @@
 """
-Batched decoding speed, side by side, on the held-out prompts of a trained model:
+Batched decoding speed, side by side: MARS and its peers on the held-out prompts of a trained model:
   python bench.py             # batch sizes 1 4 8 16, every strategy: a few minutes on an idle CPU
   python bench.py --quick     # a smoke run, seconds
   python bench.py --ckpt path/to/hf_folder --data my.jsonl --device cuda --dtype bfloat16   # your model, data
@@ -7,16 +7,30 @@ Strategies: AR with KV cache (the baseline), MARS without a cache, MARS with nan
 cache (B_cache 4/8/16/32: the commit rides on the next forward), MARS with per-request caches, Jacobi
 decoding (greedy, exact; the same checkpoint decoded as the plain AR model it still is: no mask token is
 ever fed), and, all with per-request caches unless said: lossless MARS (the masks draft, AR verifies:
-AR's own tokens), adaptive windows and aligned windows (nanomars/batch_decode.py), and the paper's
+AR's own tokens), lossless MARS verifying a tree of the masks' top choices (nanomars/tree.py; N nodes,
+top k per depth), adaptive windows and aligned windows (nanomars/strategies.py), and the paper's
 released block-cache sampler ("Paper block B_cache": the window is the rest of the B_cache-token block,
 one extra forward commits each block, rows fill their block past the stop token).
-The MARS rows decode the very same tokens; the other rows each decode their own.
-Columns: tok/fwd = generated tokens (up to the stop token) / forwards that produced them, per row (for
-the paper's block sampler: its prefill and commits included); paper = the released sampler's own count,
-for the "Paper block" rows only: every accepted token, post-stop ones included, / its prefill, commits and
-the forwards a row took tokens in (at batch 1 exactly the released code's statistic);
+MARS's peers (nanomars/peers.py, nanomars/medusa.py), each verified by the target model unless said:
+prompt lookup decoding (drafts copied from earlier text, no training), speculative decoding with a small
+draft model (--draft: an AR model trained by train.py, see peers.py; its own forwards and seconds are
+reported below the table and its seconds are part of its wall clock), and Medusa-1 heads (--medusa:
+train.py --stage medusa), verified, and with MARS's tau gate in place of verification. The Medusa rows
+run on the heads' own base, the frozen stage-1 model, not on --ckpt: their reference is its greedy AR.
+A row whose file is missing is skipped with a note.
+The rows named MARS decode the very same tokens (their caches change no token); the exact rows decode
+AR's; the others each decode their own.
+Columns: tok/fwd = generated tokens (up to the stop token) / forwards of the TARGET model that produced
+them, the verifier's own token included (one definition for every row; a draft model's forwards are not
+target forwards; for the paper's block sampler its prefill and commits are included); paper = the released
+sampler's own count, for the "Paper block" rows only: every accepted token, post-stop ones included, / its
+prefill, commits and the forwards a row took tokens in (at batch 1 exactly the released code's statistic);
 fwd = model calls of the batch; tok/s = generated tokens / wall clock; xAR = wall clock of AR+cache on the
-same prompts / this strategy's, measured in the same run; acc = accuracy judged by --check.
+same prompts / this strategy's, measured in the same run; acc = accuracy judged by --check; =AR = the
+fraction of prompts whose output is token for token greedy AR's (the row's model: --ckpt, or the heads'
+base); params = parameters added to the model; training = what was trained beyond the AR model (stage 2:
+MARS's dual-track fine-tuning); exact = greedy output is AR's by construction (a float32 property: =AR
+measures it).
 Each batch of prompts is decoded by every strategy in turn, so machine noise hits all of them alike.
 Writes the table as JSON and a plot of xAR against batch size.
 """
@@ -29,14 +43,26 @@ import torch
 
 from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, batch_lossless, batch_paper_block
 from nanomars.checkpoint import load_model
-from nanomars.decode import check_decode_args
 from nanomars.cli import ArgumentParser, device_name, dtype_name, fail, nonneg_int, positive_int, tau_float
+from nanomars.decode import check_decode_args
+from nanomars.engine import Engine, PerRequestCache
+from nanomars.medusa import MedusaGate, MedusaHeads, load_medusa
+from nanomars.peers import DraftModel, PromptLookup
 from nanomars.progress import Progress
 from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, held_out_split, load_checker, prompt_messages, read_jsonl, score
+from nanomars.tree import TreeLossless
+
+TOKENS_PER_FORWARD = ("tok/fwd = generated tokens up to the stop token / forwards of the target model, the "
+                      "verifier's own token included (draft-model forwards not counted: see below)")
+TREES = ((4, 2), (8, 3), (16, 3))  # tree lossless MARS: (nodes, top k per depth)
 
 p = ArgumentParser(__doc__)
 p.add_argument("--ckpt", default="out/mars.pt", help="a nanoMARS checkpoint or a Hugging Face folder")
-p.add_argument("--tau", type=tau_float, default=0.95)
+p.add_argument("--draft", default="out/draft/ar.pt", help="the draft model's checkpoint (train.py --stage ar, "
+               "small; nanomars/peers.py); 'none': no draft-model row")
+p.add_argument("--medusa", default="out/medusa.pt", help="Medusa heads (train.py --stage medusa); 'none': no "
+               "Medusa rows")
+p.add_argument("--tau", type=tau_float, default=0.95, help="MARS's and the Medusa gate's threshold")
 p.add_argument("--block_size", type=positive_int, default=None, help="default: the checkpoint's training block size")
 p.add_argument("--batch_sizes", type=positive_int, nargs="+", default=[1, 4, 8, 16])
 p.add_argument("--n_prompts", type=positive_int, default=None, help="default: 210 held-out prompts mixed over the "
@@ -85,19 +111,100 @@ try:  # every strategy would refuse the same way: say it once, before anything r
 except ValueError as e:
     fail(f"{args.ckpt}: {e}")
 
-mars = partial(batch_decode, mask_id=tok.mask_id, block_size=B, tau=args.tau, stop_ids=tok.stop_ids)
+
+# ------------------------------------------------------------------------------------ the table's rows
+# A row: run(prompts, max_new_tokens) -> BatchDecoded; training, exact, params (its columns); on: the
+# model it decodes; ahead: the context room past the known tokens its forwards need; ar: the greedy AR
+# outputs its =AR column compares with (None: the AR+cache row's, on --ckpt)
+def row(run, training, exact, params=0, on=model, ahead=B, ar=None):
+    return dict(run=run, training=training, exact=exact, params=params, on=on, ahead=ahead, ar=ar)
+
+
+def engine_row(make, training, exact, on=model, **kw):
+    """A row for a strategy of the engine (engine.py) on model `on` with per-request caches, a fresh
+    strategy per call; a draft model's own forwards and seconds are copied onto the output."""
+    def run(prompts, max_new_tokens):
+        strategy = make()
+        out = Engine(on, prompts, max_new_tokens, strategy, tok.stop_ids, PerRequestCache()).run()
+        out.draft_forwards = getattr(strategy, "draft_forwards", 0)
+        out.draft_seconds = getattr(strategy, "draft_seconds", 0.0)
+        return out
+    return row(run, training, exact, on=on, ahead=make().ahead, **kw)
+
+
+def same_tokenizer(other_tok):
+    return (type(other_tok), other_tok.vocab_size) == (type(tok), tok.vocab_size)
+
+
+def draft_rows(path):
+    """The draft-model row from an AR checkpoint (train.py --stage ar): ({name: row}, note or None)."""
+    if path == "none":
+        return {}, None
+    if not os.path.exists(path):
+        return {}, f"Draft model: skipped, no {path} (train it: see nanomars/peers.py)"
+    draft, draft_tok, _, ckpt = load_model(path, args.device, args.dtype)
+    if not same_tokenizer(draft_tok) or draft.config.vocab_size != model.config.vocab_size:
+        return {}, f"Draft model: skipped, {path} was trained with another tokenizer than {args.ckpt}"
+    c, steps = draft.config, (ckpt or {}).get("step")
+    note = (f"Draft model: {path}, {c.n_layer}-layer, width {c.n_embd}, {draft.num_params():,} parameters"
+            f"{f', {steps} steps' if steps else ''}; drafts {DraftModel(draft).k} tokens per target forward")
+    return {"Draft model": engine_row(lambda: DraftModel(draft), "draft model", True, params=draft.num_params())}, note
+
+
+def medusa_rows(path):
+    """The Medusa rows from train.py --stage medusa's checkpoint: verified (exact) and with the tau gate
+    (exact only at tau 1), on the heads' own base. Returns ({name: row}, note or None)."""
+    if path == "none":
+        return {}, None
+    if not os.path.exists(path):
+        return {}, f"Medusa: skipped, no {path} (train the heads: python train.py --stage medusa)"
+    medusa, medusa_tok, ckpt = load_medusa(path, args.device)
+    if not same_tokenizer(medusa_tok) or medusa.config.vocab_size != model.config.vocab_size:
+        return {}, f"Medusa: skipped, {path}'s base uses another tokenizer than {args.ckpt}"
+    medusa = medusa.to(args.dtype)
+    base = ckpt["args"].get("init_from") or os.path.join(ckpt["args"].get("out_dir", "out"), "ar.pt")
+    ar = [r.tokens for r in batch_ar(medusa.base, prompts, args.max_new_tokens, tok.stop_ids).rows]
+    info = dict(on=medusa, params=medusa.extra_params(), ar=ar)
+    note = (f"Medusa: {path}, {medusa.n_heads} heads ({medusa.extra_params():,} parameters, the lm_head shared), "
+            f"{ckpt['step']} steps, on their frozen base {base}: =AR compares with that model's greedy AR")
+    return {"Medusa verified": engine_row(lambda: MedusaHeads(medusa), "heads", True, **info),
+            "Medusa tau gate": engine_row(lambda: MedusaGate(medusa, args.tau), "heads", gated, **info)}, note
+
+
+mars = partial(batch_decode, model, mask_id=tok.mask_id, block_size=B, tau=args.tau, stop_ids=tok.stop_ids)
+gated = args.tau == 1  # the exact column of a row with a tau gate: greedy AR at tau 1 only
+try:
+    peers, notes = {}, []
+    for rows_of, path in ((draft_rows, args.draft), (medusa_rows, args.medusa)):
+        found, note = rows_of(path)
+        peers.update(found)
+        notes += [note] if note else []
+except (ValueError, FileNotFoundError) as e:
+    fail(str(e))
 strategies = {
-    "AR+cache": partial(batch_ar, stop_ids=tok.stop_ids),
-    "MARS no cache": partial(mars, cache=None),
-    **{f"MARS block {c}": partial(mars, cache="block", cache_block=c) for c in (4, 8, 16, 32)},
-    "MARS per-request": partial(mars, cache="request"),
-    "Jacobi": partial(batch_jacobi, window=B, stop_ids=tok.stop_ids),
-    "Lossless MARS": partial(batch_lossless, mask_id=tok.mask_id, block_size=B, stop_ids=tok.stop_ids),
-    "Adaptive window": partial(mars, cache="request", adaptive=True),
-    "Aligned window": partial(mars, cache="request", align=True),
-    **{f"Paper block {c}": partial(batch_paper_block, mask_id=tok.mask_id, cache_block=c, tau=args.tau,
-                                   stop_ids=tok.stop_ids) for c in (8, 32)},
+    "AR+cache": row(partial(batch_ar, model, stop_ids=tok.stop_ids), "none", True, ahead=1),
+    "MARS no cache": row(partial(mars, cache=None), "stage 2", gated),
+    **{f"MARS block {c}": row(partial(mars, cache="block", cache_block=c), "stage 2", gated) for c in (4, 8, 16, 32)},
+    "MARS per-request": row(partial(mars, cache="request"), "stage 2", gated),
+    "Jacobi": row(partial(batch_jacobi, model, window=B, stop_ids=tok.stop_ids), "none", True),
+    "Lossless MARS": row(partial(batch_lossless, model, mask_id=tok.mask_id, block_size=B, stop_ids=tok.stop_ids),
+                         "stage 2", True),
+    **{f"Lossless tree {n}/{k}": engine_row(partial(TreeLossless, tok.mask_id, B, n, k), "stage 2", True)
+       for n, k in TREES},
+    "Adaptive window": row(partial(mars, cache="request", adaptive=True), "stage 2", gated),
+    "Aligned window": row(partial(mars, cache="request", align=True), "stage 2", gated),
+    **{f"Paper block {c}": row(partial(batch_paper_block, model, mask_id=tok.mask_id, cache_block=c, tau=args.tau,
+                                       stop_ids=tok.stop_ids), "stage 2", gated, ahead=1) for c in (8, 32)},
+    "Prompt lookup": engine_row(PromptLookup, "none", True),
+    **peers,
 }
+for name, r in list(strategies.items()):  # a row that reaches further past the prompt than B may not fit
+    try:
+        for prompt in prompts:
+            check_decode_args(r["on"], prompt, args.max_new_tokens, r["ahead"])
+    except ValueError as e:
+        notes.append(f"{name}: skipped, {e}")
+        del strategies[name]
 
 results = []
 t_start = time.perf_counter()
@@ -106,13 +213,14 @@ batches = {bs: [list(range(i, min(i + bs, len(prompts)))) for i in range(0, len(
 progress = Progress(sum(map(len, batches.values())) * len(strategies), "bench")
 for bs in args.batch_sizes:
     progress.update(what=f"batch size {bs}")
-    for run in strategies.values():  # warm up every path at this shape
-        run(model, [prompts[i] for i in batches[bs][0]], 8)
-    tot = {name: dict(rows=[], forwards=0, seconds=0.0, paper_tokens=0, paper_forwards=0) for name in strategies}
+    for r in strategies.values():  # warm up every path at this shape
+        r["run"]([prompts[i] for i in batches[bs][0]], 8)
+    tot = {name: dict(rows=[], forwards=0, seconds=0.0, paper_tokens=0, paper_forwards=0, draft_forwards=0,
+                      draft_seconds=0.0) for name in strategies}
     for rows in batches[bs]:
-        for name, run in strategies.items():
+        for name, r in strategies.items():
             t0 = time.perf_counter()
-            out = run(model, [prompts[i] for i in rows], args.max_new_tokens)
+            out = r["run"]([prompts[i] for i in rows], args.max_new_tokens)
             t = tot[name]
             t["seconds"] += time.perf_counter() - t0
             t["rows"] += out.rows  # in prompt order: the batches follow the prompts
@@ -120,23 +228,39 @@ for bs in args.batch_sizes:
             if out.paper_tokens is not None:  # the paper's block sampler: its own count too
                 t["paper_tokens"] += sum(out.paper_tokens)
                 t["paper_forwards"] += sum(out.paper_forwards)
+            t["draft_forwards"] += getattr(out, "draft_forwards", 0)
+            t["draft_seconds"] += getattr(out, "draft_seconds", 0.0)
             progress.update(1)
     for name, t in tot.items():
-        s = score(tok, examples, t["rows"], check)
+        s, r = score(tok, examples, t["rows"], check), strategies[name]
+        ar = r["ar"] or [a.tokens for a in tot["AR+cache"]["rows"]]  # greedy AR's outputs of the row's model
+        same = sum(mine.tokens == theirs for mine, theirs in zip(t["rows"], ar)) / len(ar)
         paper = t["paper_tokens"] / t["paper_forwards"] if t["paper_forwards"] else None
         results.append(dict(strategy=name, batch_size=bs, tokens_per_forward=s["tokens_per_forward"],
                             paper_tokens_per_forward=paper, batch_forwards=t["forwards"],
                             tokens_per_s=s["tokens"] / t["seconds"], x_ar=tot["AR+cache"]["seconds"] / t["seconds"],
-                            accuracy=s["accuracy"]["all"], tokens=s["tokens"], seconds=t["seconds"]))
+                            accuracy=s["accuracy"]["all"], same_as_ar=same,
+                            extra_params=r["params"], extra_training=r["training"], exact=r["exact"],
+                            draft_forwards=t["draft_forwards"], draft_seconds=t["draft_seconds"],
+                            tokens=s["tokens"], seconds=t["seconds"]))
 progress.close()
 
 print(f"{args.ckpt}: {len(prompts)} prompts from {args.data or 'the held-out suite'}, max_new_tokens {args.max_new_tokens}, block {B}, "
       f"tau {args.tau}, {torch.get_num_threads()} threads, {time.perf_counter() - t_start:.0f} s")
-print(f"{'strategy':<18}{'batch':>6}{'tok/fwd':>9}{'paper':>7}{'fwd':>7}{'tok/s':>9}{'xAR':>7}{'acc':>7}")
+print(TOKENS_PER_FORWARD)
+print(f"{'strategy':<20}{'batch':>6}{'tok/fwd':>9}{'paper':>7}{'fwd':>7}{'tok/s':>9}{'xAR':>7}{'acc':>7}{'=AR':>6}"
+      f"{'params':>9}  {'training':<12}exact")
 for r in results:
     paper = "" if r["paper_tokens_per_forward"] is None else f"{r['paper_tokens_per_forward']:.2f}"
-    print(f"{r['strategy']:<18}{r['batch_size']:>6}{r['tokens_per_forward']:>9.2f}{paper:>7}{r['batch_forwards']:>7}"
-          f"{r['tokens_per_s']:>9.0f}{r['x_ar']:>7.2f}{r['accuracy']:>7.3f}")
+    print(f"{r['strategy']:<20}{r['batch_size']:>6}{r['tokens_per_forward']:>9.2f}{paper:>7}{r['batch_forwards']:>7}"
+          f"{r['tokens_per_s']:>9.0f}{r['x_ar']:>7.2f}{r['accuracy']:>7.3f}{r['same_as_ar']:>6.2f}"
+          f"{r['extra_params']:>9,}  {r['extra_training']:<12}{'yes' if r['exact'] else 'no'}")
+for r in results:
+    if r["draft_forwards"]:
+        notes.append(f"Draft model at batch {r['batch_size']}: {r['draft_forwards']} draft forwards ("
+                     f"{r['draft_forwards'] / r['batch_forwards']:.1f} per target forward), {r['draft_seconds']:.2f} "
+                     f"s of its {r['seconds']:.2f} s")
+print("\n".join(notes))
 
 if args.profile:  # where the time goes: model ops (mm, attention, elementwise) vs the loop's own ops
     from torch.profiler import profile
@@ -144,28 +268,30 @@ if args.profile:  # where the time goes: model ops (mm, attention, elementwise) 
     for name in ("AR+cache", "MARS per-request"):
         with profile() as prof:
             for i in range(0, len(prompts), bs):
-                strategies[name](model, prompts[i:i + bs], args.max_new_tokens)
+                strategies[name]["run"](prompts[i:i + bs], args.max_new_tokens)
         print(f"\n{name}, batch {bs}:")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 with open(args.out + ".json", "w") as f:
-    json.dump(dict(args=vars(args), block_size=B, results=results), f, indent=1, default=str)
+    json.dump(dict(args=vars(args), block_size=B, tokens_per_forward=TOKENS_PER_FORWARD, notes=notes,
+                   results=results), f, indent=1, default=str)
 import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-for name in strategies:
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5), layout="constrained")
+for i, name in enumerate(strategies):
     rs = [r for r in results if r["strategy"] == name]
-    ax1.plot([r["batch_size"] for r in rs], [r["x_ar"] for r in rs], "o-", label=name)
-    ax2.plot([r["batch_size"] for r in rs], [r["tokens_per_s"] for r in rs], "o-", label=name)
+    style = dict(color=plt.cm.tab20(i % 20), ls="--" if rs[0]["exact"] else "-", label=name)  # dashed: exact
+    ax1.plot([r["batch_size"] for r in rs], [r["x_ar"] for r in rs], "o", **style)
+    ax2.plot([r["batch_size"] for r in rs], [r["tokens_per_s"] for r in rs], "o", **style)
 ax1.set(xscale="log", xlabel="batch size", ylabel="wall-clock speedup vs AR+cache", title=f"tau {args.tau}")
-ax2.set(xscale="log", xlabel="batch size", ylabel="tokens / s")
+ax2.set(xscale="log", xlabel="batch size", ylabel="tokens / s", title="dashed: exact (greedy AR's output)")
 for ax in (ax1, ax2):
     ax.set_xticks(args.batch_sizes, [str(b) for b in args.batch_sizes])
+    ax.minorticks_off()
 ax1.axhline(1.0, color="gray", lw=0.5)
 ax1.plot([4, 8, 16], [1.71, 1.60, 1.34], "k*", ms=10, label="paper: block cache, 7B GPU")
-ax1.legend(fontsize=7)
-fig.tight_layout()
+fig.legend(*ax1.get_legend_handles_labels(), fontsize=7, loc="outside right upper")
 fig.savefig(args.out + ".png", dpi=120)
 print(f"wrote {args.out}.json and {args.out}.png")

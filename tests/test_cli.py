@@ -191,6 +191,17 @@ def test_bench_rejects_bad_checkpoints(files, ckpt, expected):
     assert_one_line_error(run("bench.py", "--ckpt", files / ckpt, "--quick"), expected)
 
 
+@pytest.mark.parametrize("flag, path, expected", [
+    ("--draft", "text.pt", "cannot read checkpoint"),
+    ("--draft", "config_mismatch.pt", "the file was edited or mixed up"),
+    ("--medusa", "truncated.pt", "cannot read checkpoint"),
+    ("--medusa", "good.pt", "holds no Medusa heads"),
+])
+def test_bench_rejects_bad_peer_files(files, flag, path, expected):
+    """A peer's file that is there but unusable is an error (a missing one is a note: test_bench.py)."""
+    assert_one_line_error(run("bench.py", "--ckpt", files / "good.pt", "--quick", flag, files / path), expected)
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--taus", "0.9", "0"], "argument --taus"),
     (["--block_size", "0"], "argument --block_size"),
