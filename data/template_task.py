@@ -10,13 +10,12 @@ train. Answers are checked by exact match (nanomars.tasks.check does that for ex
     python train.py --stage ar --data out/template/train.jsonl --out_dir out/template
     python evaluate.py --ckpt out/template/mars.pt --data out/template/test.jsonl --ar
 """
-import argparse
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-from nanomars.tasks import write_jsonl
+from nanomars.tasks import write_split_command
 
 WORDS = "zero one two three four five six seven eight nine".split()
 N_DIGITS = 5
@@ -41,17 +40,7 @@ def make_split(n_train, n_test, seed):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="out/template")
-    p.add_argument("--n_train", type=int, default=3000)
-    p.add_argument("--n_test", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    train, test = make_split(args.n_train, args.n_test, args.seed)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    write_jsonl(Path(args.out) / "train.jsonl", train)
-    write_jsonl(Path(args.out) / "test.jsonl", test)
-    print(f"wrote {args.out}/train.jsonl ({len(train)}) and {args.out}/test.jsonl ({len(test)})")
+    write_split_command(__doc__, make_split, "out/template", 3000)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,13 @@ unchanged; experiments/power_grid.py mixes it in.
 writes <out>/train.jsonl and <out>/test.jsonl (test prompts never occur in train); then, e.g.:
     python train.py --stage ar --data out/worked/train.jsonl --out_dir out/worked
 """
-import argparse
 import random
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-from nanomars.tasks import user_prompt, write_jsonl
+from nanomars.tasks import user_prompt, write_split_command
 
 NAME = "worked_arithmetic"
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -67,17 +66,7 @@ def make_split(n_train, n_test, seed):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="out/worked")
-    p.add_argument("--n_train", type=int, default=3000)
-    p.add_argument("--n_test", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    train, test = make_split(args.n_train, args.n_test, args.seed)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    write_jsonl(Path(args.out) / "train.jsonl", train)
-    write_jsonl(Path(args.out) / "test.jsonl", test)
-    print(f"wrote {args.out}/train.jsonl ({len(train)}) and {args.out}/test.jsonl ({len(test)})")
+    write_split_command(__doc__, make_split, "out/worked", 3000)
 
 
 if __name__ == "__main__":

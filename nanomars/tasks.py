@@ -289,6 +289,22 @@ def score(tok, examples, rows, checker=check) -> dict:
 def write_jsonl(path, examples):
     Path(path).write_text("".join(json.dumps(ex) + "\n" for ex in examples))
 
+def write_split_command(doc, make_split, out, n_train):
+    """The command line of a task module in data/ (python data/<task>.py --out DIR): make_split(n_train,
+    n_test, seed) -> (train, test), written as DIR/train.jsonl and DIR/test.jsonl."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=out)
+    p.add_argument("--n_train", type=int, default=n_train)
+    p.add_argument("--n_test", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    train, test = make_split(args.n_train, args.n_test, args.seed)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    write_jsonl(Path(args.out) / "train.jsonl", train)
+    write_jsonl(Path(args.out) / "test.jsonl", test)
+    print(f"wrote {args.out}/train.jsonl ({len(train)}) and {args.out}/test.jsonl ({len(test)})")
+
 def read_jsonl(path) -> list[dict]:
     """Every bad line is one ValueError naming the file and the line (train.py turns it into one error line)."""
     data = Path(path).read_bytes()

@@ -79,3 +79,27 @@ def trained(tok):
         opt.step()
         opt.zero_grad()
     return model.eval()
+
+
+# -------------------------------------------------------------------------------- the engine's parts
+def _policies():
+    from nanomars.baselines import BlockCache
+    from nanomars.engine import NoCache, PerRequestCache
+    return {"request": PerRequestCache, "none": NoCache, "block": lambda: BlockCache(4)}
+
+
+POLICIES = _policies()  # the cache policies a strategy is tested under
+
+
+def decode(model, prompts, n, strategy, stop_ids=(), policy="request"):
+    """Run one strategy in the engine under a named cache policy."""
+    from nanomars.engine import Engine
+    return Engine(model, prompts, n, strategy, stop_ids, POLICIES[policy]()).run()
+
+
+def tokens(out):
+    return [r.tokens for r in out.rows]
+
+
+def spans(out):
+    return [r.spans for r in out.rows]

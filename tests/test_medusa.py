@@ -12,12 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import held_out_prompts, random_model
-from nanomars.baselines import BlockCache
+from conftest import POLICIES, decode, held_out_prompts, random_model, spans, tokens
 from nanomars.batch_decode import batch_ar
 from nanomars.checkpoint import save_checkpoint
 from nanomars.dual_track import IGNORE, collate
-from nanomars.engine import Engine, NoCache, PerRequestCache
+from nanomars.engine import Engine
 from nanomars.masks import causal_mask
 from nanomars.medusa import Medusa, MedusaGate, MedusaHeads, head_targets, load_medusa, medusa_loss
 from nanomars.model import Config, Decoder
@@ -25,7 +24,6 @@ from nanomars.tasks import held_out_split, train_examples
 from test_lossless import SMALL_PROMPTS, small_vocab_model
 from test_train import ROOT, TINY, run
 
-POLICIES = {"request": PerRequestCache, "none": NoCache, "block": lambda: BlockCache(4)}
 PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
@@ -68,18 +66,6 @@ def medusa(tok, zero_heads):
         opt.step()
         opt.zero_grad()
     return model.eval()
-
-
-def decode(model, prompts, n, strategy, stop_ids=(), policy="request"):
-    return Engine(model, prompts, n, strategy, stop_ids, POLICIES[policy]()).run()
-
-
-def tokens(out):
-    return [r.tokens for r in out.rows]
-
-
-def spans(out):
-    return [r.spans for r in out.rows]
 
 
 @torch.no_grad()

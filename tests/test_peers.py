@@ -6,16 +6,15 @@ import pytest
 import torch
 
 import nanomars.peers as peers_module
-from conftest import assert_cache_is_a_fresh_prefill, constant_model, held_out_prompts, random_model
-from nanomars.baselines import BlockCache
+from conftest import (POLICIES, assert_cache_is_a_fresh_prefill, constant_model, decode, held_out_prompts,
+                      random_model, spans, tokens)
 from nanomars.batch_decode import batch_ar
-from nanomars.engine import Engine, NoCache, PerRequestCache
+from nanomars.engine import Engine
 from nanomars.model import Config, Decoder
 from nanomars.peers import DraftModel, PromptLookup, lookup
 from test_lossless import (K, N_SAMPLES, SMALL_PROMPTS, chi_square_pvalue, exact_ar_distribution,
                            keep_every_draft, replace_from_p, small_vocab_model)
 
-POLICIES = {"request": PerRequestCache, "none": NoCache, "block": lambda: BlockCache(4)}
 PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
@@ -38,18 +37,6 @@ def draft(tok):
         opt.step()
         opt.zero_grad()
     return model.eval()
-
-
-def decode(model, prompts, n, strategy, stop_ids=(), policy="request"):
-    return Engine(model, prompts, n, strategy, stop_ids, POLICIES[policy]()).run()
-
-
-def tokens(out):
-    return [r.tokens for r in out.rows]
-
-
-def spans(out):
-    return [r.spans for r in out.rows]
 
 
 def reference_lookup(seq, ngram, draft_len):
