@@ -50,7 +50,8 @@ from nanomars.medusa import MedusaGate, MedusaHeads, load_medusa
 from nanomars.peers import DraftModel, PromptLookup
 from nanomars.progress import Progress
 from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, held_out_split, load_checker, prompt_messages, read_jsonl, score
-from nanomars.tree import TreeLossless
+from nanomars.stack import StackedTree
+from nanomars.tree import MedusaTree, TreeLossless
 
 TOKENS_PER_FORWARD = ("tok/fwd = generated tokens up to the stop token / forwards of the target model, the "
                       "verifier's own token included (draft-model forwards not counted: see below)")
@@ -168,6 +169,7 @@ def medusa_rows(path):
     note = (f"Medusa: {path}, {medusa.n_heads} heads ({medusa.extra_params():,} parameters, the lm_head shared), "
             f"{ckpt['step']} steps, on their frozen base {base}: =AR compares with that model's greedy AR")
     return {"Medusa verified": engine_row(lambda: MedusaHeads(medusa), "heads", True, **info),
+            "Medusa tree 8/3": engine_row(lambda: MedusaTree(medusa, 8, 3), "heads", True, **info),
             "Medusa tau gate": engine_row(lambda: MedusaGate(medusa, args.tau), "heads", gated, **info)}, note
 
 
@@ -191,6 +193,7 @@ strategies = {
                          "stage 2", True),
     **{f"Lossless tree {n}/{k}": engine_row(partial(TreeLossless, tok.mask_id, B, n, k), "stage 2", True)
        for n, k in TREES},
+    "Stacked tree 8/3 + lookup": engine_row(partial(StackedTree, tok.mask_id, B, 8, 3), "stage 2", True),
     "Adaptive window": row(partial(mars, cache="request", adaptive=True), "stage 2", gated),
     "Aligned window": row(partial(mars, cache="request", align=True), "stage 2", gated),
     **{f"Paper block {c}": row(partial(batch_paper_block, model, mask_id=tok.mask_id, cache_block=c, tau=args.tau,

@@ -32,12 +32,17 @@ scattered slots: they are moved to the slots right after the pending tokens, whe
 Greedy only: with several candidates for one position, keeping each with probability min(1, p/q) as
 decode.verify_draft does would not give AR's distribution; sampling needs a rule over siblings
 (recursive rejection, SpecInfer). Cost per row: N + (N+1)(B-1) fed tokens per forward.
+
+The verification (verify_tree) and the layout (with_masks, masks_after) serve other drafts too:
+stack.py hangs prompt lookup's chain on the masks' tree, and MedusaTree verifies the same kind of tree
+drawn from Medusa's heads (medusa.py) instead of the masks, so the two are compared like for like.
 """
 import torch
 
 from .decode import propose
 from .engine import PerRequestCache
 from .masks import tree_mask
+from .medusa import check_engine
 
 
 def best_tree(logits, nodes, top_k):
@@ -72,6 +77,55 @@ def move_kv(cache, src, dst):
         buf.scatter_(3, at(dst), buf.gather(3, at(src)))
 
 
+def verify_tree(eng, tokens, up, logits, D, valid=None):
+    """Greedy verification of a tree fed right after the pending tokens (module docstring): tokens, up
+    (n, N) its nodes and their parents (parents first, siblings different); logits (n, 1+N, V) AR's at
+    the root (the last pending token) and at each node; D >= the deepest node's depth; valid (n, N) bool:
+    the nodes that may be kept (None: all). Moves the kept path's K/V into place. Returns y (n, D'+1),
+    D' = min(D, N), the kept path's tokens then AR's own; n_kept (n,); end (n,) the kept path's last
+    node's column in logits (0: the root, u+1: node u), whose output AR's own token is."""
+    n, N = tokens.shape
+    ar = propose(logits)[0]  # (n, 1+N) AR's argmax after the root and after each node
+    tree = tree_mask(up)  # (n, N, N) each node's ancestors and itself
+    right = tokens == ar.gather(1, up + 1)  # (n, N) AR's token after the node's parent
+    if valid is not None:
+        right &= valid
+    kept = ~(tree & ~right[:, None, :]).any(-1)  # the whole path to the node is right
+    depth = torch.cat([ar.new_zeros(n, 1), kept * tree.sum(-1)], 1)  # (n, 1+N) root 0, kept nodes'
+    n_kept, end = depth.max(1)  # the deepest kept node's depth and column (0: the root, u+1: node u)
+    path = torch.cat([tree.new_zeros(n, 1, N), tree], 1)[torch.arange(n), end]  # (n, N) its ancestors
+    j = torch.arange(N, device=tokens.device)
+    cols = torch.where(path, j, N).sort(1).values[:, :D]  # (n, D') the path's nodes, root to end
+    y = torch.cat([tokens.gather(1, cols.clamp(max=N - 1)), ar[:, :1]], 1)  # (n, D'+1)
+    y = y.scatter(1, n_kept[:, None], ar.gather(1, end[:, None]))  # then AR's own next token
+    if eng.cache is not None:  # the kept nodes' K/V to the slots after the pending tokens, in order
+        first, d = (eng.start + eng.n_pend)[:, None], j[:cols.shape[1]]
+        move_kv(eng.cache, first + torch.where(d < n_kept[:, None], cols, d), first + d)
+    return y, n_kept, end
+
+
+def with_masks(tokens, up, mask_id, M):
+    """The fed layout [N nodes | M masks after the root | M masks after node 1 | ... | after node N] as
+    one tree: tokens (n, N + (N+1)M) and parents (n, N + (N+1)M) (mask group g follows node g-1)."""
+    n, N = tokens.shape
+    j = torch.arange((N + 1) * M, device=tokens.device)  # the masks: group j // M follows node j // M - 1
+    mask_up = torch.where(j % M == 0, j // M - 1, N + j - 1)  # its node (-1: the root), or the mask before
+    masks = torch.full((n, len(j)), mask_id, device=tokens.device)
+    return torch.cat([tokens, masks], 1), torch.cat([up, mask_up.expand(n, -1)], 1)
+
+
+def masks_after(logits, N, end, M):
+    """logits (n, 1+N+(N+1)M, V) of with_masks' layout from the root on -> (n, M, V) the outputs of the M
+    masks that follow node column `end` (n,) (0: the root, u+1: node u)."""
+    group = 1 + N + end[:, None] * M + torch.arange(M, device=end.device)  # (n, M)
+    return logits.gather(1, group[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def check_policy(eng):
+    if not isinstance(eng.policy, PerRequestCache):
+        raise ValueError("tree verification runs with a per-request cache or none")
+
+
 class TreeLossless:
     """Lossless MARS with tree verification (module docstring), greedy: exactly greedy AR's output for
     any model. nodes: the tree's budget N; top_k: candidates per depth. Runs with the per-request cache
@@ -83,45 +137,63 @@ class TreeLossless:
         if B < 2 or nodes < 1 or top_k < 1:
             raise ValueError(f"need block_size >= 2, nodes >= 1 and top_k >= 1, got {B}, {nodes}, {top_k}")
         N = min(nodes, sum(top_k ** d for d in range(1, B)))  # at most (fewer when V < top_k)
-        self.mask_id, self.B, self.nodes, self.top_k = mask_id, B, nodes, top_k
+        self.mask_id, self.B, self.nodes, self.top_k, self.max_nodes = mask_id, B, nodes, top_k, N
         self.ahead, self.width = B, 1 + N + (N + 1) * (B - 1)  # positions reach 2B-2 ahead, as Lossless's
 
     def start(self, eng):
-        if not isinstance(eng.policy, PerRequestCache):
-            raise ValueError("tree verification runs with a per-request cache or none")
+        check_policy(eng)
         # the tree: tokens (n, N) and parents (n, N); none before the first forward (the root's masks only)
         none = eng.pending.new_zeros(len(eng.active), 0)
         self.tokens, self.up = none, none
 
     def feed(self, eng):
-        n, N, M = len(eng.active), self.tokens.shape[1], self.B - 1
-        j = torch.arange((N + 1) * M, device=eng.dev)  # the masks: group j // M follows node j // M - 1
-        mask_up = torch.where(j % M == 0, j // M - 1, N + j - 1)  # its node (-1: the root), or the mask before
-        self.parents = torch.cat([self.up, mask_up.expand(n, -1)], 1)  # (n, F), read by the engine
-        masks = torch.full((n, len(j)), self.mask_id, device=eng.dev)
-        return torch.cat([self.tokens, masks], 1), torch.full_like(eng.n_pend, N + len(j))
+        fed, self.parents = with_masks(self.tokens, self.up, self.mask_id, self.B - 1)  # parents: the engine's
+        return fed, torch.full_like(eng.n_pend, fed.shape[1])
 
     def accept(self, eng, logits, waiting):
         """logits (n, width, V) from the last pending token on: the root's and each node's, then each mask
         group's (module docstring)."""
-        n, N, M = len(eng.active), self.tokens.shape[1], self.B - 1
-        ar = propose(logits[:, :N + 1])[0]  # (n, 1+N) AR's argmax after the root and after each node
-        tree = tree_mask(self.up)  # (n, N, N) each node's ancestors and itself
-        right = self.tokens == ar.gather(1, self.up + 1)  # (n, N) AR's token after the node's parent
-        kept = ~(tree & ~right[:, None, :]).any(-1)  # the whole path to the node is right
-        depth = torch.cat([ar.new_zeros(n, 1), kept * tree.sum(-1)], 1)  # (n, 1+N) root 0, kept nodes'
-        n_kept, end = depth.max(1)  # the deepest kept node's depth and column (0: the root, u+1: node u)
-        path = torch.cat([tree.new_zeros(n, 1, N), tree], 1)[torch.arange(n), end]  # (n, N) its ancestors
-        j = torch.arange(N, device=eng.dev)
-        cols = torch.where(path, j, N).sort(1).values[:, :M]  # (n, D) the path's nodes, root to end
-        y = torch.cat([self.tokens.gather(1, cols.clamp(max=N - 1)), ar[:, :1]], 1)  # (n, D+1)
-        y = y.scatter(1, n_kept[:, None], ar.gather(1, end[:, None]))  # then AR's own next token
-        if eng.cache is not None:  # the kept nodes' K/V to the slots after the pending tokens, in order
-            first, d = (eng.start + eng.n_pend)[:, None], j[:cols.shape[1]]
-            move_kv(eng.cache, first + torch.where(d < n_kept[:, None], cols, d), first + d)
-        group = 1 + N + end[:, None] * M + torch.arange(M, device=eng.dev)  # (n, M) the end node's masks
-        masks = logits.gather(1, group[..., None].expand(-1, -1, logits.shape[-1]))  # (n, M, V)
-        self.tokens, self.up = best_tree(masks, self.nodes, self.top_k)
+        N = self.tokens.shape[1]
+        y, n_kept, end = verify_tree(eng, self.tokens, self.up, logits[:, :N + 1], self.B - 1)
+        self.tokens, self.up = best_tree(masks_after(logits, N, end, self.B - 1), self.nodes, self.top_k)
+        return y, n_kept + 1, n_kept, torch.full_like(n_kept, N + 1)
+
+    def drop(self, keep):
+        self.tokens, self.up = self.tokens[keep], self.up[keep]
+
+
+class MedusaTree:
+    """The same tree verification for Medusa's heads (medusa.py), greedy: exactly greedy AR of the base.
+    The tree is best_tree of the K heads' outputs (head k's top_k candidates at depth k) read at the kept
+    path's last node, where the base's output is the token just taken, so head k's token is the k-th
+    after it (MedusaHeads reads them there too, and keeps only their top-1 chain). Nothing but the
+    nodes is fed: the heads read the hidden state of a node already there. Nothing before the first
+    forward. nodes, top_k: as TreeLossless's. Runs with the per-request cache or none."""
+
+    def __init__(self, medusa, nodes=8, top_k=3):
+        if nodes < 1 or top_k < 1:
+            raise ValueError(f"need nodes >= 1 and top_k >= 1, got {nodes}, {top_k}")
+        K = medusa.n_heads
+        N = min(nodes, sum(top_k ** d for d in range(1, K + 1)))  # at most (fewer when V < top_k)
+        self.medusa, self.nodes, self.top_k = medusa, nodes, top_k
+        self.ahead, self.width = K + 1, 1 + N  # nodes reach depth K
+
+    def start(self, eng):
+        check_engine(eng, self.medusa)
+        check_policy(eng)
+        none = eng.pending.new_zeros(len(eng.active), 0)  # tokens (n, N) and parents (n, N)
+        self.tokens, self.up = none, none
+
+    def feed(self, eng):
+        self.parents = self.up if self.up.shape[1] else None  # a tree for the engine (none: nothing fed)
+        return self.tokens, torch.full_like(eng.n_pend, self.tokens.shape[1])
+
+    def accept(self, eng, out, waiting):
+        logits, h = out  # (n, width, V) the base's from the root on, (n, width, C) what the heads read
+        N = self.tokens.shape[1]
+        y, n_kept, end = verify_tree(eng, self.tokens, self.up, logits[:, :N + 1], self.medusa.n_heads)
+        last = h.gather(1, end[:, None, None].expand(-1, 1, h.shape[-1]))[:, 0]  # (n, C) at the path's end
+        self.tokens, self.up = best_tree(self.medusa.head_logits(last), self.nodes, self.top_k)
         return y, n_kept + 1, n_kept, torch.full_like(n_kept, N + 1)
 
     def drop(self, keep):

@@ -17,7 +17,7 @@ from test_medusa import batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXACT = {"AR+cache", "Jacobi", "Lossless MARS", "Lossless tree 4/2", "Lossless tree 8/3", "Lossless tree 16/3",
-         "Prompt lookup", "Draft model", "Medusa verified"}
+         "Stacked tree 8/3 + lookup", "Prompt lookup", "Draft model", "Medusa verified", "Medusa tree 8/3"}
 GATED = {"MARS no cache", "MARS block 4", "MARS block 8", "MARS block 16", "MARS block 32", "MARS per-request",
          "Adaptive window", "Aligned window", "Paper block 8", "Paper block 32", "Medusa tau gate"}  # tau 0.95
 
@@ -85,13 +85,13 @@ def test_quick_puts_mars_and_its_peers_in_one_table(files):
         assert all(r["draft_forwards"] == 0 for name, r in rows.items() if name != "Draft model")
         params = {name: r["extra_params"] for name, r in rows.items()}
         assert params == {**dict.fromkeys(rows, 0), "Draft model": draft_params, "Medusa verified": head_params,
-                          "Medusa tau gate": head_params}
+                          "Medusa tree 8/3": head_params, "Medusa tau gate": head_params}
         assert head_params == 3 * (64 * 64 + 64)
         training = {name: r["extra_training"] for name, r in rows.items()}
         assert {name for name, t in training.items() if t == "none"} == {"AR+cache", "Jacobi", "Prompt lookup"}
         assert (training["Draft model"], training["Medusa verified"], training["Medusa tau gate"]) == (
             "draft model", "heads", "heads")
-        assert {t for name, t in training.items() if "MARS" in name or "tree" in name or "window" in name
+        assert {t for name, t in training.items() if "MARS" in name or "tree" in name and "Medusa" not in name or "window" in name
                 or "Paper" in name} == {"stage 2"}
     assert (d / "bench.png").stat().st_size > 0
 
@@ -102,7 +102,7 @@ def test_missing_peer_files_are_notes(files):
                 "--batch_sizes", 2, "--max_new_tokens", 8, "--out", d / "small")
     report = json.loads((d / "small.json").read_text())
     names = {r["strategy"] for r in report["results"]}
-    assert names == (EXACT | GATED) - {"Draft model", "Medusa verified", "Medusa tau gate"}
+    assert names == (EXACT | GATED) - {"Draft model", "Medusa verified", "Medusa tree 8/3", "Medusa tau gate"}
     assert f"Draft model: skipped, no {d / 'nothing.pt'}" in out
     assert f"Medusa: skipped, no {d / 'none.pt'}" in out
     assert len(report["notes"]) == 2
