@@ -24,8 +24,8 @@ itself: Engine(medusa, prompts, n, MedusaHeads(medusa)).
                  as real tokens and verified by the base (peers.Verified): exactly greedy AR
     MedusaGate   MARS's tau gate with the heads in place of the masks: a head's token is accepted without
                  verification while its probability >= tau. NOT exact for tau < 1 (tau = 1: greedy AR)
-Both draft one chain (each head's top-1), not the tree of each head's top choices Medusa verifies with
-tree attention; greedy only.
+Both draft one chain (each head's top-1); tree.MedusaTree verifies a tree of each head's top choices
+with tree attention, as Medusa does. Greedy only.
 
 The checkpoint: train.py writes out/medusa.pt with checkpoint.save_checkpoint (atomic): the base's and the
 heads' weights ('base.*', 'heads.*'), the base's config, the step and the run's arguments (init_from: the
