@@ -163,6 +163,7 @@ def close_distributed(model):
     if ddp:
         weights = b"".join(p.detach().float().cpu().numpy().tobytes() for p in ddp.module.parameters())
         print(f"rank {dist.get_rank()}: weights sha256 {hashlib.sha256(weights).hexdigest()[:16]}")
+    dist.barrier()  # no rank tears its connections down while another still uses them (gloo can abort then)
     dist.destroy_process_group()
 
 
