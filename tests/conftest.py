@@ -57,28 +57,34 @@ def tok():
     return load_default_tokenizer()
 
 
+def train_briefly(model, tok, seed, steps, loss):
+    """A few AdamW steps (lr 3e-3, batch 32 drawn with the seed) on the default suite's examples;
+    loss(model, step, x, response, targets) -> the step's loss. Returns the model in eval mode."""
+    from nanomars.dual_track import collate
+    from nanomars.tasks import train_examples
+    data = [tok.render(ex["messages"]) for ex in train_examples(2000, seed=seed)]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        idx = torch.randint(len(data), (32,), generator=gen)
+        x, response, targets = collate([data[i] for i in idx], 4, tok.eos_id)
+        loss(model, step, x, response, targets).backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()
+
+
 @pytest.fixture(scope="session")
 def trained(tok):
     """A small model briefly trained (AR then MARS dual-track) on the default suite: confident enough
     that MARS accepts several tokens per forward, so decoding tests exercise multi-token spans."""
-    from nanomars.dual_track import ar_loss, collate, dual_track_loss
-    from nanomars.tasks import train_examples
+    from nanomars.dual_track import ar_loss, dual_track_loss
     torch.manual_seed(0)
     model = Decoder(Config(vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
                            intermediate_size=128, max_seq_len=256))
     model.init_weights()
-    data = [tok.render(ex["messages"]) for ex in train_examples(2000, seed=0)]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(0)
-    for step in range(160):
-        idx = torch.randint(len(data), (32,), generator=gen)
-        x, response, targets = collate([data[i] for i in idx], 4, tok.eos_id)
-        loss = ar_loss(model, x, targets) if step < 80 else dual_track_loss(
-            model, x, response, targets, 4, tok.mask_id)[0]
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return model.eval()
+    return train_briefly(model, tok, 0, 160, lambda m, step, x, response, targets: ar_loss(m, x, targets)
+                         if step < 80 else dual_track_loss(m, x, response, targets, 4, tok.mask_id)[0])
 
 
 # -------------------------------------------------------------------------------- the engine's parts

@@ -7,7 +7,7 @@ import torch
 
 import nanomars.peers as peers_module
 from conftest import (POLICIES, assert_cache_is_a_fresh_prefill, constant_model, decode, held_out_prompts,
-                      random_model, spans, tokens)
+                      random_model, spans, tokens, train_briefly)
 from nanomars.batch_decode import batch_ar
 from nanomars.engine import Engine
 from nanomars.model import Config, Decoder
@@ -21,22 +21,12 @@ PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8,
 @pytest.fixture(scope="session")
 def draft(tok):
     """A 1-layer, width-32 AR model trained 40 steps on the suite: it agrees with `trained` at times."""
-    from nanomars.dual_track import ar_loss, collate
-    from nanomars.tasks import train_examples
+    from nanomars.dual_track import ar_loss
     torch.manual_seed(1)
     model = Decoder(Config(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,
                            intermediate_size=64, max_seq_len=256))
     model.init_weights()
-    data = [tok.render(ex["messages"]) for ex in train_examples(2000, seed=1)]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(40):
-        idx = torch.randint(len(data), (32,), generator=gen)
-        x, _, targets = collate([data[i] for i in idx], 4, tok.eos_id)
-        ar_loss(model, x, targets).backward()
-        opt.step()
-        opt.zero_grad()
-    return model.eval()
+    return train_briefly(model, tok, 1, 40, lambda m, step, x, response, targets: ar_loss(m, x, targets))
 
 
 def reference_lookup(seq, ngram, draft_len):
