@@ -38,6 +38,9 @@ class FixedWindow:
     def __call__(self, gate, eng):
         return torch.full_like(eng.n_pend, gate.B)
 
+    def update(self, gate, accepted, waiting):
+        pass  # nothing carried from one forward to the next (AdaptiveWindow carries gate.win)
+
 
 def aligned_windows(known, B):
     """(n,) proposals of the aligned window for rows with `known` (n,) known tokens: the last real
@@ -47,7 +50,7 @@ def aligned_windows(known, B):
     return torch.clamp(B - known % B + 1, max=B)
 
 
-class AlignedWindow:
+class AlignedWindow(FixedWindow):
     """Windows that never cross a training block boundary (for models trained as released)."""
 
     def __call__(self, gate, eng):
@@ -69,6 +72,9 @@ class AdaptiveWindow:
 
     def __call__(self, gate, eng):
         return gate.win
+
+    def update(self, gate, accepted, waiting):  # a waiting row (block-level cache) keeps its window
+        gate.win = torch.where(waiting, gate.win, adapt_windows(gate.w, accepted, gate.B))
 
 
 # ---------------------------------------------------------------------------------------------- MARS
@@ -101,7 +107,7 @@ class MarsGate:
 
     def accept(self, eng, logits, waiting):
         y, n_acc = self.gate_rows(eng, logits, self.w)
-        self.win = torch.where(waiting, self.win, adapt_windows(self.w, n_acc, self.B))  # AdaptiveWindow's
+        self.window.update(self, n_acc, waiting)
         return y, n_acc, torch.zeros_like(n_acc), self.w
 
     def gate_rows(self, eng, logits, w):
