@@ -81,6 +81,8 @@ p.add_argument("--threads", type=nonneg_int, default=1, help="CPU threads; 0: to
                "busy machine threads that wait for each other make every small forward many times slower")
 p.add_argument("--profile", action="store_true", help="also print torch.profiler's op table for AR+cache and "
                "MARS per-request at the largest batch size")
+p.add_argument("--compile", action="store_true", help="also AR+cache, MARS per-request and lossless MARS with the "
+               "model's forward compiled (torch.compile, dynamic shapes); the compiling is timed apart, before the runs")
 p.add_argument("--quick", action="store_true", help="smoke run: 16 prompts, batch sizes 1 and 8, 32 tokens")
 args = p.parse_args()
 if args.quick:
@@ -201,6 +203,14 @@ strategies = {
     "Prompt lookup": engine_row(PromptLookup, "none", True),
     **peers,
 }
+if args.compile:  # the same rows with the model's forward compiled: their xAR is still against eager AR+cache
+    compiled = torch.compile(model, dynamic=True)  # one graph per shape class (batch 1 or more, 1 token or more)
+    cmars = partial(batch_decode, compiled, mask_id=tok.mask_id, block_size=B, tau=args.tau, stop_ids=tok.stop_ids)
+    strategies.update({
+        "AR+cache compiled": row(partial(batch_ar, compiled, stop_ids=tok.stop_ids), "none", True, ahead=1),
+        "MARS compiled": row(partial(cmars, cache="request"), "stage 2", gated),
+        "Lossless compiled": row(partial(batch_lossless, compiled, mask_id=tok.mask_id, block_size=B,
+                                         stop_ids=tok.stop_ids), "stage 2", True)})
 for name, r in list(strategies.items()):  # a row that reaches further past the prompt than B may not fit
     try:
         for prompt in prompts:
@@ -211,6 +221,13 @@ for name, r in list(strategies.items()):  # a row that reaches further past the 
 
 results = []
 t_start = time.perf_counter()
+if args.compile:  # compile every graph the timed runs need (batch 1 and 2: prefill, 1 token, a window)
+    t0 = time.perf_counter()
+    for name in ("AR+cache compiled", "MARS compiled", "Lossless compiled"):
+        for n in (1, 2):
+            strategies[name]["run"](prompts[:n], 8)
+    notes.append(f"Compiled rows: torch.compile(model, dynamic=True), {time.perf_counter() - t0:.0f} s of compiling "
+                 f"before the timed runs (not in their wall clock)")
 batches = {bs: [list(range(i, min(i + bs, len(prompts)))) for i in range(0, len(prompts), bs)]
            for bs in args.batch_sizes}
 progress = Progress(sum(map(len, batches.values())) * len(strategies), "bench")
@@ -246,6 +263,12 @@ for bs in args.batch_sizes:
                             extra_params=r["params"], extra_training=r["training"], exact=r["exact"],
                             draft_forwards=t["draft_forwards"], draft_seconds=t["draft_seconds"],
                             tokens=s["tokens"], seconds=t["seconds"]))
+    if bs == args.batch_sizes[0]:  # what the answers' lengths allow a verified draft of B-1 tokens
+        lengths = [len(a.tokens) for a in tot["AR+cache"]["rows"]]
+        ceiling = sum(lengths) / sum(1 + -(-(n - 1) // B) for n in lengths if n)
+        notes.append(f"Ceiling: AR's answers here are {sum(lengths) / len(lengths):.1f} tokens on average (up to the "
+                     f"stop token); verifying B-1 = {B - 1} drafted tokens per forward (chain or tree, B tokens at most, "
+                     f"the first forward with no draft) gives at most {ceiling:.2f} tok/fwd")
 progress.close()
 
 print(f"{args.ckpt}: {len(prompts)} prompts from {args.data or 'the held-out suite'}, max_new_tokens {args.max_new_tokens}, block {B}, "
@@ -258,6 +281,13 @@ for r in results:
     print(f"{r['strategy']:<20}{r['batch_size']:>6}{r['tokens_per_forward']:>9.2f}{paper:>7}{r['batch_forwards']:>7}"
           f"{r['tokens_per_s']:>9.0f}{r['x_ar']:>7.2f}{r['accuracy']:>7.3f}{r['same_as_ar']:>6.2f}"
           f"{r['extra_params']:>9,}  {r['extra_training']:<12}{'yes' if r['exact'] else 'no'}")
+for bs in args.batch_sizes:  # 1 = each forward costs what an AR step costs; MARS's forward reads B positions
+    by = {r["strategy"]: r for r in results if r["batch_size"] == bs}
+    eff = [f"{name} {by[name]['x_ar'] / by[name]['tokens_per_forward']:.2f}" for name in ("MARS per-request",
+                                                                                    "Lossless MARS") if name in by]
+    eff += [f"{name} {by[name]['x_ar'] / by['AR+cache compiled']['x_ar'] / by[name]['tokens_per_forward']:.2f} (against "
+            f"compiled AR)" for name in ("MARS compiled", "Lossless compiled") if name in by]
+    notes.append(f"Efficiency at batch {bs} (xAR / tok/fwd): " + ", ".join(eff))
 for r in results:
     if r["draft_forwards"]:
         notes.append(f"Draft model at batch {r['batch_size']}: {r['draft_forwards']} draft forwards ("

@@ -93,6 +93,10 @@ def test_quick_puts_mars_and_its_peers_in_one_table(files):
             "draft model", "heads", "heads")
         assert {t for name, t in training.items() if "MARS" in name or "tree" in name and "Medusa" not in name or "window" in name
                 or "Paper" in name} == {"stage 2"}
+    # no verified B-1-token draft, chain or tree, beats what the answers' lengths allow
+    ceiling = float(next(n for n in report["notes"] if n.startswith("Ceiling: ")).split("at most ")[1].split()[0])
+    trees = [r for r in results if r["strategy"] == "Lossless MARS" or r["strategy"].startswith("Lossless tree")]
+    assert max(r["tokens_per_forward"] for r in trees) <= ceiling
     assert (d / "bench.png").stat().st_size > 0
 
 
@@ -106,3 +110,21 @@ def test_missing_peer_files_are_notes(files):
     assert f"Draft model: skipped, no {d / 'nothing.pt'}" in out
     assert f"Medusa: skipped, no {d / 'none.pt'}" in out
     assert len(report["notes"]) == 2
+
+
+def test_compile_adds_rows_that_decode_what_their_eager_rows_decode(files):
+    """--compile: AR+cache, MARS and lossless MARS again with the model's forward compiled; the compiling
+    is timed apart (a note); the compiled rows' tokens and forwards are the eager rows'."""
+    d, _, _ = files
+    bench("--quick", "--compile", "--ckpt", d / "m.pt", "--draft", "none", "--medusa", "none", "--out", d / "c")
+    report = json.loads((d / "c.json").read_text())
+    assert any(n.startswith("Compiled rows: torch.compile") for n in report["notes"])
+    for bs in (1, 8):
+        rows = {r["strategy"]: r for r in report["results"] if r["batch_size"] == bs}
+        for compiled, eager in (("AR+cache compiled", "AR+cache"), ("MARS compiled", "MARS per-request"),
+                                ("Lossless compiled", "Lossless MARS")):
+            c, e = rows[compiled], rows[eager]
+            assert (c["tokens"], c["batch_forwards"], c["accuracy"]) == (e["tokens"], e["batch_forwards"],
+                                                                          e["accuracy"]), compiled
+        assert rows["AR+cache compiled"]["same_as_ar"] == rows["Lossless compiled"]["same_as_ar"] == 1.0
+        assert any(n.startswith(f"Efficiency at batch {bs} (xAR / tok/fwd): MARS per-request ") for n in report["notes"])
