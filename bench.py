@@ -45,8 +45,9 @@ from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, batch_lo
 from nanomars.checkpoint import load_model
 from nanomars.cli import ArgumentParser, device_name, dtype_name, fail, nonneg_int, positive_int, tau_float
 from nanomars.decode import check_decode_args
-from nanomars.engine import Engine, PerRequestCache
+from nanomars.engine import Engine, PerRequestCache, forward_window
 from nanomars.medusa import MedusaGate, MedusaHeads, load_medusa
+from nanomars.model import KVCache
 from nanomars.peers import DraftModel, PromptLookup
 from nanomars.progress import Progress
 from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, held_out_split, load_checker, prompt_messages, read_jsonl, score
@@ -304,6 +305,22 @@ if args.profile:  # where the time goes: model ops (mm, attention, elementwise) 
                 strategies[name]["run"](prompts[i:i + bs], args.max_new_tokens)
         print(f"\n{name}, batch {bs}:")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    # what bounds MARS's efficiency (xAR / tok/fwd): a forward that feeds B tokens a row against AR's 1, the
+    # model alone (60 cached tokens a row), timed as the engine calls it
+    print(f"\nOne forward, model only, ms: 1 token a row (AR) / {B} (MARS) / their ratio")
+    with torch.inference_mode():
+        for bs in args.batch_sizes:
+            ms = []
+            for T in (1, B):
+                cache = KVCache(model.config, bs, 60 + 2 * B, args.device, next(model.parameters()).dtype)
+                start, x = torch.full((bs,), 60, device=args.device), torch.zeros(bs, T, dtype=torch.long, device=args.device)
+                call = partial(forward_window, model, x, start, torch.ones_like(start), T, cache)
+                call()
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    call()
+                ms.append((time.perf_counter() - t0) / 50 * 1e3)
+            print(f"batch {bs:>3}: {ms[0]:.2f} / {ms[1]:.2f} / {ms[0] / ms[1]:.2f}")
 
 os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 with open(args.out + ".json", "w") as f:
