@@ -59,7 +59,8 @@ def block_diffusion_loss(model, x, response, targets, block_size, mask_id, gener
 def block_diffusion_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=1.0, stop_ids=(),
                            variant="bd3lm"):
     """Greedy block-diffusion decoding (module docstring). Each span is the tokens one forward filled,
-    in position order; tokens/forward is 1 at tau = 1."""
+    in position order. At tau = 1 each forward fills one position, but tokens/forward (counted up to the
+    stop token) is below 1: the forwards that fill the rest of the stop token's block count too."""
     check_decode_args(model, prompt, max_new_tokens, block_size, tau)
     B, dev, out = block_size, model.embed.weight.device, Decoded()
     make_mask = {"bd3lm": bd3lm_mask, "csbd": block_diffusion_mask}[variant]
