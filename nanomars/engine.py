@@ -146,8 +146,9 @@ class Engine:
         self.n_pend = torch.tensor([len(p) for p in prompts], device=self.dev)
         self.generated = torch.zeros_like(self.n_pend)
         size = L + max_new_tokens + strategy.ahead + strategy.width + self.policy.room  # + fed, padding
-        self.cache = KVCache(model.config, n, size, self.dev, model.embed.weight.dtype) \
-            if self.policy.cached else None
+        with torch.inference_mode():  # like every tensor step() makes: a compiled model sees one kind
+            self.cache = KVCache(model.config, n, size, self.dev, model.embed.weight.dtype) \
+                if self.policy.cached else None
         strategy.start(self)
         self.t0 = time.perf_counter()
 
