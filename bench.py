@@ -310,21 +310,42 @@ if args.profile:  # where the time goes: model ops (mm, attention, elementwise) 
                 strategies[name]["run"](prompts[i:i + bs], args.max_new_tokens)
         print(f"\n{name}, batch {bs}:")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    # the time between forwards: each step timed whole and in its forward (engine.forward_window), per batch size
+    import nanomars.engine as engine_module
+    inner, forward_s = engine_module.forward_window, [0.0]
+
+    def timed_forward(*a, **kw):
+        t0 = time.perf_counter()
+        out = inner(*a, **kw)
+        forward_s[0] += time.perf_counter() - t0
+        return out
+    engine_module.forward_window = timed_forward
+    print("\nPer step, ms: the whole step / its forward / the rest, the decode loop's own work (its share)")
+    for bs in args.batch_sizes:
+        for name in ("AR+cache", "MARS per-request", "Lossless MARS"):
+            forward_s[0], forwards, t0 = 0.0, 0, time.perf_counter()
+            for i in range(0, len(prompts), bs):
+                forwards += strategies[name]["run"](prompts[i:i + bs], args.max_new_tokens).forwards
+            step, fwd = (time.perf_counter() - t0) / forwards * 1e3, forward_s[0] / forwards * 1e3
+            print(f"batch {bs:>3} {name:<18}{step:7.2f} / {fwd:6.2f} / {step - fwd:5.2f} ({(step - fwd) / step:.0%})")
+    engine_module.forward_window = inner
     # what bounds MARS's efficiency (xAR / tok/fwd): a forward that feeds B tokens a row against AR's 1, the
     # model alone (60 cached tokens a row), timed as the engine calls it
     print(f"\nOne forward, model only, ms: 1 token a row (AR) / {B} (MARS) / their ratio")
     with torch.inference_mode():
         for bs in args.batch_sizes:
-            ms = []
-            for T in (1, B):
+            calls, ms = {}, {1: float("inf"), B: float("inf")}
+            for T in ms:
                 cache = KVCache(model.config, bs, 60 + 2 * B, args.device, next(model.parameters()).dtype)
                 start, x = torch.full((bs,), 60, device=args.device), torch.zeros(bs, T, dtype=torch.long, device=args.device)
-                call = partial(forward_window, model, x, start, torch.ones_like(start), T, cache)
-                call()
-                t0 = time.perf_counter()
-                for _ in range(50):
-                    call()
-                ms.append((time.perf_counter() - t0) / 50 * 1e3)
+                calls[T] = partial(forward_window, model, x, start, torch.ones_like(start), T, cache)
+            for _ in range(20):  # alternating, each one's best of 20 rounds: machine noise hits both alike
+                for T, call in calls.items():
+                    t0 = time.perf_counter()
+                    for _ in range(10):
+                        call()
+                    ms[T] = min(ms[T], (time.perf_counter() - t0) / 10 * 1e3)
+            ms = [ms[1], ms[B]]
             print(f"batch {bs:>3}: {ms[0]:.2f} / {ms[1]:.2f} / {ms[0] / ms[1]:.2f}")
 
 os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
