@@ -109,7 +109,8 @@ def test_missing_peer_files_are_notes(files):
     assert names == (EXACT | GATED) - {"Draft model", "Medusa verified", "Medusa tree 8/3", "Medusa tau gate"}
     assert f"Draft model: skipped, no {d / 'nothing.pt'}" in out
     assert f"Medusa: skipped, no {d / 'none.pt'}" in out
-    assert len(report["notes"]) == 2
+    peer_notes = [n for n in report["notes"] if n.startswith(("Draft model", "Medusa"))]
+    assert len(peer_notes) == 2  # the two skips, nothing about rows that did not run
 
 
 def test_compile_adds_rows_that_decode_what_their_eager_rows_decode(files):
