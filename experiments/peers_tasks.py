@@ -19,8 +19,10 @@ benchmarked), each step one train.py or bench.py run:
     bench   python bench.py --ckpt <task>/mars.pt --data test.jsonl --check <the task's checker> \\
                 --draft <task>/draft/ar.pt --medusa <task>/medusa.pt --n_prompts 100 --batch_sizes 1 16 \\
                 --out experiments/peers_<task>                                   (beside --results)
-Every training run takes train.py's defaults (1200 steps, batch 32, seed 1337): MARS and the heads get the
-same examples and steps, as in docs/peers.md; neither task needed fewer. Every finished step appends one
+Every training run takes train.py's defaults (1200 steps, batch 32, seed 1337), but for the copy task's
+target model, which trains 4000 steps: in 1200 it learnt the format, not to copy (accuracy 0.00; that
+run, from 7eb1f91, is in git history at cb5b0eb). MARS and the heads get the same examples and steps
+(1200), as in docs/peers.md; the template task needed no more. Every finished step appends one
 JSON line to experiments/peers_tasks.jsonl (--results) with the torch version, the thread count, the device
 and the git commit, and is skipped when the runner starts again (a step stopped midway starts over); the
 bench step's line holds bench.py's whole table (its rows as in experiments/peers_<task>.json).
@@ -28,10 +30,11 @@ bench step's line holds bench.py's whole table (its rows as in experiments/peers
 CPU time (one thread, measured on 2 cores at load ~2 over 15 steps of each run; the held-out loss
 evaluations and checkpoints add a little): seconds per step, template / copy: AR 0.14 / 0.27, MARS 0.32 /
 0.61, Medusa heads 0.08 / 0.11, draft model 0.03 / 0.07 (the copy task's examples are about twice as
-long). Training: template 1200 x 0.58 s = 11.5 min, copy 1200 x 1.06 s = 21 min. bench.py: at most 6 min
-a task (measured with models trained 16 steps, which never stop: 2.7 s a prompt at batch 1 and 0.8 s at
-batch 16 for all ~20 rows, 64 new tokens each), about half that with trained models whose answers stop
-after 15-40 tokens. In all about 40 minutes, under 45.
+long). Training: template 1200 x 0.58 s = 11.5 min, copy 4000 x 0.27 + 1200 x 0.79 s = 34 min. bench.py: at
+most 6 min a task (measured with models trained 16 steps, which never stop: 2.7 s a prompt at batch 1 and
+0.8 s at batch 16 for all ~20 rows, 64 new tokens each), about half that with trained models whose answers
+stop after 15-40 tokens. In all about an hour. (A slower machine, whose copy AR step took 1.13 s and MARS
+step 2.77 s, needs about 2.5 hours.)
 """
 import argparse
 import json
@@ -49,9 +52,9 @@ from experiments.resumable import done, record  # noqa: E402
 from nanomars.progress import Progress  # noqa: E402
 from nanomars.tasks import write_jsonl  # noqa: E402
 
-# task: (its module, training examples, bench.py's --check)
-TASKS = {"template": (template_task, 3000, "suite"),  # suite: exact match for examples without a family
-         "copy": (copy_task, 20000, os.path.join(ROOT, "data", "copy_task.py") + ":check")}
+# task: (its module, training examples, bench.py's --check, stage-1 steps of the target model)
+TASKS = {"template": (template_task, 3000, "suite", 1200),  # suite: exact match for examples without a family
+         "copy": (copy_task, 20000, os.path.join(ROOT, "data", "copy_task.py") + ":check", 4000)}
 STEPS = ("ar", "mars", "draft", "medusa", "bench")
 
 
@@ -70,7 +73,7 @@ QUICK = dict(n_train=64, n_test=4, model=shape(1, 32, 2, 1, 64), draft=shape(1, 
 
 def write_task(task, task_dir, cfg):
     """The task's train.jsonl and test.jsonl (deterministic: written again on every start)."""
-    module, n_train, _ = TASKS[task]
+    module, n_train = TASKS[task][:2]
     train, test = module.make_split(cfg["n_train"] or n_train, cfg["n_test"], seed=0)
     os.makedirs(task_dir, exist_ok=True)
     write_jsonl(os.path.join(task_dir, "train.jsonl"), train)
@@ -105,8 +108,9 @@ def train(stage, out_dir, flags, device):
 def step(task, name, task_dir, cfg, args, tables):
     """Runs one step (STEPS) of a task -> its record's fields."""
     data = ["--data", os.path.join(task_dir, "train.jsonl"), *cfg["train"]]
-    if name == "ar":
-        return train("ar", task_dir, [*data, *cfg["model"]], args.device)
+    if name == "ar":  # the task's own number of steps (not in --quick, whose steps are few for every run)
+        steps = [] if args.quick else ["--max_iters", str(TASKS[task][3])]
+        return train("ar", task_dir, [*data, *cfg["model"], *steps], args.device)
     if name in ("mars", "medusa"):  # from task_dir/ar.pt
         return train(name, task_dir, data, args.device)
     if name == "draft":
@@ -130,13 +134,14 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "out", "peers_tasks"), help="data, checkpoints and logs")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of every train.py and bench.py run")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="the tasks to run")
     args = p.parse_args()
     cfg = QUICK if args.quick else FULL
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # train.py's processes (bench.py takes --threads)
     meta = provenance(args.threads, args.device)
     finished = done(args.results)
-    progress = Progress(len({f"{t}/{s}" for t in TASKS for s in STEPS} - finished), "peers_tasks")
-    for task in TASKS:
+    progress = Progress(len({f"{t}/{s}" for t in args.tasks for s in STEPS} - finished), "peers_tasks")
+    for task in args.tasks:
         task_dir = os.path.abspath(os.path.join(args.out, task))
         n_train, n_test = write_task(task, task_dir, cfg)
         tables = os.path.join(os.path.dirname(os.path.abspath(args.results)), f"peers_{task}")
