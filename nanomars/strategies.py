@@ -99,6 +99,7 @@ class MarsGate:
         if len(self.tau) != n:
             raise ValueError(f"got {len(self.tau)} taus for {n} prompts")
         check_tau(self.tau, self.metric)
+        self.checked = self.tau._version  # in-place writes (engine.tau[row] = x) raise the version
         self.gen, self.win = generator(eng, self.seed), torch.full_like(eng.n_pend, self.B)
 
     def feed(self, eng):
@@ -112,7 +113,9 @@ class MarsGate:
 
     def gate_rows(self, eng, logits, w):
         """Proposals y (n, width) and how many each row accepts: the gate's prefix within its window w."""
-        check_tau(self.tau, self.metric)  # engine.tau may have been changed between steps
+        if self.tau._version != self.checked:  # engine.tau was changed between steps: check it again
+            check_tau(self.tau, self.metric)
+            self.checked = self.tau._version
         y, p = propose(logits, self.temperature, self.top_k, self.gen)  # (n, width), (n, width, V)
         ok = gate(p, y, self.tau.to(eng.dev)[eng.active][:, None], self.metric)
         ok &= torch.arange(y.shape[1], device=eng.dev) < w[:, None]  # nothing past the row's window
