@@ -226,4 +226,4 @@ while step < args.max_iters:
         save(raw_model, optimizer, step, ckpt_args, final=step == args.max_iters)
 if master:
     print(f"done: {step - start_step} steps in {time.perf_counter() - t0:.1f} s -> {args.out_dir}/{args.stage}.pt")
-close_distributed(model)  # torchrun: under DDP each rank prints a digest of its weights first
+close_distributed(model)  # torchrun: each rank (DDP: after printing a digest of its weights) ends here

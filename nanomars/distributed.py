@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -155,8 +156,9 @@ def save(model, optimizer, step, run_args, final):
 
 # ---------------------------------------------------------------------------------------------- the end
 def close_distributed(model):
-    """End a torchrun run. Under DDP every rank must hold the same weights (each averaged the same gradients
-    into its own copy): each prints a digest of its weights, for tests/test_train.py to compare."""
+    """End a torchrun run, and with it this process. Under DDP every rank must hold the same weights (each
+    averaged the same gradients into its own copy): each prints a digest of its weights, for
+    tests/test_train.py to compare."""
     if not dist.is_initialized():
         return
     ddp = ddp_of(model)
@@ -165,6 +167,12 @@ def close_distributed(model):
         print(f"rank {dist.get_rank()}: weights sha256 {hashlib.sha256(weights).hexdigest()[:16]}")
     dist.barrier()  # no rank tears its connections down while another still uses them (gloo can abort then)
     dist.destroy_process_group()
+    # Even so, the interpreter's own teardown can abort a rank (SIGABRT, "terminate called without an active
+    # exception": gloo's threads free tensors while Python is being torn down; seen once in CI, FSDP on gloo).
+    # Everything is saved and every rank is past the barrier, so nothing is left to do: skip that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ------------------------------------------------------------------------------------------------- FSDP
