@@ -141,6 +141,30 @@ def test_ratio_interval_mde_and_flat_verdicts():
     assert paired.verdict(-0.01, 0.02, +1) == "not detected"
 
 
+def test_a_claim_on_one_family_pairs_that_familys_sweep_prompts_only():
+    cfg = power_grid.FULL
+    sweep = [ex["family"] for ex in powered_eval.subset(powered_eval.powered_split(cfg["n_per_family"]),
+                                                       cfg["sweep_per_family"])]
+    rng = np.random.default_rng(5)
+    keep = np.array(sweep) == worked.NAME
+    # tokens per forward: 1.2 on every family but the long one, where B 16 accepts 0.1 more than B 4 (2.1 vs 2.0)
+    per_forward = {"mars_B4": np.where(keep, 2.0, 1.2), "mars_B16": np.where(keep, 2.1, 1.2)}
+    forwards = {(row, s): rng.integers(5, 30, len(sweep)) for row in per_forward for s in (1, 2)}
+    tokens = {(row, s): f * per_forward[row] + rng.integers(0, 2, len(sweep)) for (row, s), f in forwards.items()}
+    results = [{"row": row, "seed": s, "sweep": {"0.95": {"tokens": tokens[row, s].tolist(),
+                                                          "forwards": forwards[row, s].tolist()}}}
+               for row, s in forwards]
+    iv, seeds = power_grid.claim(results, "mars_B16", "mars_B4", "tokens_per_forward", "0.95", "0.95", cfg,
+                                 worked.NAME)
+    assert seeds == [1, 2] and keep.sum() == cfg["sweep_per_family"]
+    pick = lambda what, row: np.stack([what[row, s][keep] for s in seeds])  # noqa: E731
+    want = paired.ratio_difference(pick(tokens, "mars_B16"), pick(forwards, "mars_B16"),
+                                   pick(tokens, "mars_B4"), pick(forwards, "mars_B4"))
+    assert iv == pytest.approx(want) and 0.08 < iv.estimate < 0.12  # the long family's +0.1
+    everywhere = power_grid.claim(results, "mars_B16", "mars_B4", "tokens_per_forward", "0.95", "0.95", cfg)[0]
+    assert everywhere.estimate < 0.5 * iv.estimate  # diluted by the seven other families
+
+
 # ---------------------------------------------------------------------------------------- the pilot's rule
 def pilot(c, acc_e, acc_const, arith, right_e, right_2e, steps=100, step_s=1.0):
     run = lambda row, right, acc: {"candidate": c, "row": row, "held_out_loss": [[steps, {"ar": 1.0}]],  # noqa: E731
