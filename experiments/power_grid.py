@@ -368,8 +368,9 @@ CLAIMS = [
     ("adaptive window against fixed, B 16", "mars_B16", "mars_B16", "tokens_per_forward", "adaptive:0.95", "0.95", None),
     ("adaptive window of B 16 against B 4", "mars_B16", "mars_B4", "tokens_per_forward", "adaptive:0.95", "0.95", None),
     ("endless: MARS against AR-SFT", "endless_mars_B4", "endless_ar", "accuracy", "1", "1", +1),
-    # added after four seeds were in (so no verdict, only a measurement): the two B claims above, on the
-    # long-answer family alone (answers of 25-63 tokens, where a block of 16 fits)
+    # added after four seeds were in (so no verdict, only measurements): the endless regime's control, and the
+    # two B claims above on the long-answer family alone (answers of 25-63 tokens, where a block of 16 fits)
+    ("endless: MARS against the AR control", "endless_mars_B4", "endless_ar_2x", "accuracy", "1", "1", None),
     ("long answers: tokens/forward from B 4 to 8", "mars_B8", "mars_B4", "tokens_per_forward", "0.95", "0.95", None,
      powered_eval.worked.NAME),
     ("long answers: tokens/forward from B 4 to 16", "mars_B16", "mars_B4", "tokens_per_forward", "0.95", "0.95",
