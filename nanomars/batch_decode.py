@@ -3,7 +3,7 @@ Batched decoding in one call: each function builds the engine (engine.py) with o
 (strategies.py) and runs it. Every row returns exactly what decoding that prompt alone returns (tested).
 
     batch_decode    MARS, per-row tau (tau = 1 is exactly greedy AR); align / adaptive windows
-    batch_ar        AR: MARS with no masks (B = 1)
+    batch_ar        AR, the baseline (MARS with B = 1 decodes the same tokens, doing more work)
     batch_lossless  lossless MARS: the masks draft, AR verifies; exactly AR's output for any model
     batch_jacobi    Jacobi decoding of a plain AR model; exactly greedy AR
     batch_paper_block   the released block sampler (baselines.py), for comparison with the paper
@@ -14,7 +14,7 @@ cache: "request" (per-request KV caches, the default), None (recompute everythin
 """
 from .baselines import BlockCache, PaperBlockEngine
 from .engine import PAD, BatchDecoded, Engine, NoCache, PerRequestCache, first_stop, forward_window, splice  # noqa: F401
-from .strategies import AdaptiveWindow, AlignedWindow, Jacobi, Lossless, MarsGate
+from .strategies import AR, AdaptiveWindow, AlignedWindow, Jacobi, Lossless, MarsGate
 
 CACHES = (None, "request", "block", "paper_block")
 
@@ -59,9 +59,11 @@ def batch_decode(model, prompts, max_new_tokens, mask_id, block_size=4, tau=0.95
     return BatchEngine(model, prompts, max_new_tokens, mask_id, block_size, tau, stop_ids, **kw).run()
 
 
-def batch_ar(model, prompts, max_new_tokens, stop_ids=(), cache="request", **kw):
-    """Batched AR (greedy, or sampled with temperature/top_k/seed): the MARS engine with no window."""
-    return BatchEngine(model, prompts, max_new_tokens, None, 1, 1.0, stop_ids, cache, **kw).run()
+def batch_ar(model, prompts, max_new_tokens, stop_ids=(), cache="request", cache_block=16, temperature=0.0,
+             top_k=None, seed=None):
+    """Batched AR: greedy, or sampled with temperature/top_k/seed."""
+    return Engine(model, prompts, max_new_tokens, AR(temperature, top_k, seed), stop_ids,
+                  cache_policy(cache, cache_block)).run()
 
 
 def batch_lossless(model, prompts, max_new_tokens, mask_id, block_size=4, stop_ids=(), cache="request", **kw):

@@ -1,6 +1,6 @@
 """
 Decoding one sequence (docs/mars.md, "Decoding" and "Caches"). Read top to bottom:
-1. the acceptance rule: propose, gate, n_accepted, accept;
+1. the acceptance rule: next_tokens, propose, gate, n_accepted, accept;
 2. mars_decode_plain: the whole MARS decoder without a cache. Known tokens x_0..x_{c-1}; one forward over
    [x_0..x_{c-1}, MASK x (B-1)] under a plain causal mask; the output at x_{c-1} proposes x_c (exactly AR's
    prediction), the output at mask i proposes x_{c+1+i}. Accept y_0 always, then y_1, y_2, ... in order
@@ -89,16 +89,21 @@ def sample(dist, generator=None):
     return torch.multinomial(dist.flatten(0, -2), 1, generator=generator).view(dist.shape[:-1])
 
 
+def next_tokens(logits, temperature=0.0, top_k=None, generator=None):
+    """The tokens decoding takes from logits (..., V) -> (...,): the argmax (temperature 0, greedy), or a
+    sample of softmax(logits / temperature) over the top_k tokens."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    return sample(sampling_dist(logits, temperature, top_k), generator)
+
+
 def propose(logits, temperature=0.0, top_k=None, generator=None):
     """Proposals y (..., B) and the distributions p (..., B, V) that gate them, from a window's logits
-    (..., B, V). temperature 0: y = argmax p, p = softmax(logits) (greedy). Else p = softmax(logits /
-    temperature) and y is sampled from p restricted to its top_k tokens; the gate still reads the
-    untruncated p (renormalised over one token, every top-1 proposal would look certain)."""
-    if temperature == 0:
-        p = logits.float().softmax(-1)
-        return p.max(-1).indices, p
-    p = (logits.float() / temperature).softmax(-1)
-    return sample(sampling_dist(logits, temperature, top_k), generator), p
+    (..., B, V): y = next_tokens(logits), p = softmax(logits / temperature) (temperature 0: softmax(logits)).
+    The gate reads the untruncated p (renormalised over the top_k tokens, every top-1 proposal would look
+    certain)."""
+    p = (logits.float() / (temperature or 1.0)).softmax(-1)
+    return next_tokens(logits, temperature, top_k, generator), p
 
 
 def gate(p, y, tau, metric="prob"):
@@ -222,7 +227,7 @@ def verify_draft(draft, n_draft, logits, q=None, temperature=0.0, top_k=None, ge
     D = draft.shape[-1]
     real = torch.arange(D, device=draft.device) < n_draft[..., None]  # (..., D)
     if temperature == 0:
-        y = propose(logits)[0]  # the very argmax AR decoding takes
+        y = next_tokens(logits)  # the very argmax AR decoding takes
         return y, (real & (draft == y[..., :D])).long().cumprod(-1).sum(-1)
     p = sampling_dist(logits, temperature, top_k)  # (..., D+1, V)
     px = p[..., :D, :].gather(-1, draft[..., None])[..., 0]
@@ -261,7 +266,7 @@ def lossless_decode(model, prompt, max_new_tokens, mask_id, block_size=4, stop_i
         # (D + B, V): AR's outputs for the D draft positions and one more, then the masks'
         logits = model(torch.tensor([fed], device=dev), slots, mask, cache, slots,
                        keep=slice(len(pending) - 1, None))[0]
-        y = propose(logits)[0].tolist()
+        y = next_tokens(logits).tolist()
         D = len(draft)
         kept = next((i for i in range(D) if draft[i] != y[i]), D)
         span = draft[:kept] + [y[kept]]

@@ -39,7 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoint import load_model
-from .decode import check_tau, gate, n_accepted, propose
+from .decode import check_tau, gate, n_accepted, next_tokens, propose
 from .dual_track import IGNORE, reduce_loss
 from .masks import causal_mask
 from .model import Config, Decoder, chunked_cross_entropy
@@ -208,7 +208,7 @@ class MedusaHeads(Verified):
         logits, h = out  # (n, K+1, V) the base's, (n, K+1, C) what the heads read
         y, n_acc, kept, offered = super().accept(eng, logits, waiting)
         last = h.gather(1, kept[:, None, None].expand(-1, 1, h.shape[-1]))[:, 0]  # (n, C) at column kept
-        draft = propose(self.medusa.head_logits(last))[0]  # (n, K) each head's top-1
+        draft = next_tokens(self.medusa.head_logits(last))  # (n, K) each head's top-1
         # a waiting row (block-level cache) took nothing and keeps its draft
         self.draft = torch.where(waiting[:, None], self.draft, draft)
         self.n_draft = torch.where(waiting, self.n_draft, self.medusa.n_heads)

@@ -21,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .decode import propose, sample, sampling_dist, verify_draft
+from .decode import next_tokens, sample, sampling_dist, verify_draft
 from .engine import forward_window, splice
 from .model import KVCache
 from .strategies import check_sampling, generator
@@ -128,7 +128,7 @@ class DraftModel(Verified):
             logits = forward_window(self.model, x, c.lengths, n_new, 1, c)[:, 0]  # (n, V) the next token's
             c.lengths += n_new  # real tokens: the known ones, then the draft's (rolled back in accept)
             if self.temperature == 0:
-                d = propose(logits)[0]
+                d = next_tokens(logits)
             else:
                 qs.append(sampling_dist(logits, self.temperature, self.top_k))
                 d = sample(qs[-1], self.gen)

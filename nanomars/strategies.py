@@ -12,13 +12,13 @@ The decoding strategies the engine (engine.py) runs, each a small part behind on
                     a waiting row (block-level cache) takes nothing and keeps its state
     drop(keep)   finished rows leave: compact the per-row state
 
-MarsGate (MARS, and AR as MARS with B = 1), Jacobi and Lossless are independent: adding a strategy
-touches no other. MARS's window policies (FixedWindow, AlignedWindow, AdaptiveWindow) say how many
+AR (the baseline), MarsGate (MARS), Jacobi and Lossless are independent: adding a strategy touches no
+other. MARS's window policies (FixedWindow, AlignedWindow, AdaptiveWindow) say how many
 proposals each row is offered per forward.
 """
 import torch
 
-from .decode import check_tau, gate, n_accepted, propose, sample, sampling_dist, verify_draft
+from .decode import check_tau, gate, n_accepted, next_tokens, propose, sample, sampling_dist, verify_draft
 from .engine import PAD, splice
 
 
@@ -29,6 +29,32 @@ def check_sampling(temperature, top_k):
 
 def generator(eng, seed):
     return torch.Generator(eng.dev).manual_seed(seed) if seed is not None else None
+
+
+# ------------------------------------------------------------------------------------------------ AR
+class AR:
+    """Plain AR decoding, the baseline every speedup is measured against: feed nothing, take the next
+    token (argmax, or sampled). MarsGate with B = 1 decodes the same tokens (tested), but pays each step
+    for a softmax over the vocabulary and a gate that can only accept that one token."""
+    ahead, width = 1, 1
+
+    def __init__(self, temperature=0.0, top_k=None, seed=None):
+        check_sampling(temperature, top_k)
+        self.temperature, self.top_k, self.seed = temperature, top_k, seed
+
+    def start(self, eng):
+        self.gen = generator(eng, self.seed)
+
+    def feed(self, eng):
+        return eng.pending[:, :0], torch.zeros_like(eng.n_pend)
+
+    def accept(self, eng, logits, waiting):
+        y = next_tokens(logits, self.temperature, self.top_k, self.gen)  # (n, 1)
+        one = torch.ones_like(eng.n_pend)
+        return y, one, torch.zeros_like(one), one
+
+    def drop(self, keep):
+        pass
 
 
 # -------------------------------------------------------------------------------------- MARS windows
@@ -141,7 +167,7 @@ class Jacobi:
         return self.guesses, torch.full_like(eng.n_pend, self.window - 1)
 
     def accept(self, eng, logits, waiting):
-        y = propose(logits)[0]  # (n, window)
+        y = next_tokens(logits)  # (n, window)
         ok = torch.cat([torch.ones_like(y[:, :1], dtype=torch.bool), self.guesses == y[:, :-1]], 1)
         n_acc = n_accepted(ok)
         took = torch.where(waiting, 0, n_acc)  # next guesses: the unverified outputs past what was taken
@@ -192,7 +218,7 @@ class Lossless:
         cols = self.n_draft[:, None] + 1 + torch.arange(B - 1, device=eng.dev)  # (n, B-1)
         masks = logits.gather(1, cols[..., None].expand(-1, -1, logits.shape[-1]))  # (n, B-1, V)
         q = None if self.temperature == 0 else sampling_dist(masks, self.temperature, self.top_k)
-        proposal = propose(masks)[0] if q is None else sample(q, self.gen)
+        proposal = next_tokens(masks) if q is None else sample(q, self.gen)
         # a waiting row (block-level cache) took nothing and keeps its draft
         full = n_kept == self.n_draft
         self.draft = torch.where(waiting[:, None], self.draft, proposal)

@@ -39,7 +39,7 @@ drawn from Medusa's heads (medusa.py) instead of the masks, so the two are compa
 """
 import torch
 
-from .decode import propose
+from .decode import next_tokens
 from .engine import PerRequestCache
 from .masks import tree_mask
 from .medusa import check_engine
@@ -85,7 +85,7 @@ def verify_tree(eng, tokens, up, logits, D, valid=None):
     D' = min(D, N), the kept path's tokens then AR's own; n_kept (n,); end (n,) the kept path's last
     node's column in logits (0: the root, u+1: node u), whose output AR's own token is."""
     n, N = tokens.shape
-    ar = propose(logits)[0]  # (n, 1+N) AR's argmax after the root and after each node
+    ar = next_tokens(logits)  # (n, 1+N) AR's argmax after the root and after each node
     tree = tree_mask(up)  # (n, N, N) each node's ancestors and itself
     right = tokens == ar.gather(1, up + 1)  # (n, N) AR's token after the node's parent
     if valid is not None:

@@ -159,6 +159,17 @@ def test_sampling_is_reproducible_and_top1_is_greedy(tok, trained):
         assert [r.spans for r in greedy.rows] == [r.spans for r in top1.rows]
 
 
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=1.5, top_k=50, seed=3)], ids=["greedy", "sampled"])
+def test_ar_baseline_is_mars_at_block_1_draw_for_draw(tok, trained, sampling):
+    """batch_ar (strategies.AR: no softmax, no gate) takes the very tokens MARS with B = 1 takes, greedy and
+    sampled from the same seed, on both models."""
+    for model, prompts in ((trained, held_out_prompts(tok)), (random_model(), RANDOM_PROMPTS)):
+        ar = batch_ar(model, prompts, 32, tok.stop_ids, **sampling)
+        mars = BatchEngine(model, prompts, 32, None, 1, 1.0, tok.stop_ids, **sampling).run()
+        assert [r.spans for r in ar.rows] == [r.spans for r in mars.rows]
+        assert ar.forwards == mars.forwards
+
+
 def test_acceptance_metrics():
     # after y_0: sure, unsure, sure, so sure that float32 softmax rounds to exactly 1.0
     logits = torch.tensor([[0.0, 0.0, 0.0], [9.0, 0.0, 0.0], [2.0, 1.5, 0.0], [9.0, 0.0, 0.0], [200.0, 0, 0]])
