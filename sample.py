@@ -15,8 +15,8 @@ import sys
 import torch
 
 from nanomars.batch_decode import BatchDecoded, batch_ar, batch_decode
-from nanomars.checkpoint import load_model
-from nanomars.cli import ArgumentParser, device_name, dtype_name, nonneg_float, positive_int, run, tau_float
+from nanomars.util.checkpoint import load_model
+from nanomars.util.cli import ArgumentParser, device_name, dtype_name, nonneg_float, positive_int, run, tau_float
 from nanomars.decode import ar_decode, mars_decode, show_spans
 from nanomars.model import default_device
 
@@ -100,7 +100,7 @@ def main():
               f"{ar_out.seconds / out.seconds:.2f}x wall clock (both warmed up)")
         if ar_out.tokens / len(prompts) < SHORT:
             print(f"  note: {ar_out.tokens / len(prompts):.0f} tokens per answer is too short for the wall-clock "
-                  "ratio to mean much (fixed costs and timer noise decide it); python bench.py measures speed "
+                  "ratio to mean much (fixed costs and timer noise decide it); python tools/bench.py measures speed "
                   "over 210 prompts")
 
 

@@ -2,13 +2,13 @@
 Train nanoMARS in two stages (docs/mars.md explains the method):
   python train.py --stage ar      # stage 1: AR-SFT from scratch (or --init_from a Qwen2.5 folder)
   python train.py --stage mars    # stage 2: MARS dual-track fine-tuning, starting from stage 1
-  python train.py --stage medusa  # a peer: block_size-1 Medusa heads on the frozen stage-1 model (nanomars/medusa.py)
+  python train.py --stage medusa  # a peer: block_size-1 Medusa heads on the frozen stage-1 model (nanomars/compare/medusa.py)
   python train.py --config config/qwen05_ar.py --data sft.jsonl   # a preset: the paper's recipe
 Checkpoints: out/ar.pt and out/mars.pt (self-describing, atomic); --resume continues a stage.
 With --init_from <Hugging Face folder> the run also writes out/<stage>_hf/, loadable by transformers.
 Several GPUs: torchrun --standalone --nproc_per_node=N train.py ... keeps a full replica per GPU; add --fsdp to
 shard weights, gradients and AdamW state across them (checkpoints in out/<stage>_dcp/, the last one also
-exported as out/<stage>.pt and out/<stage>_hf/). How: nanomars/distributed.py.
+exported as out/<stage>.pt and out/<stage>_hf/). How: nanomars/scale/distributed.py.
 """
 import contextlib
 import math
@@ -18,19 +18,19 @@ import time
 
 import torch
 
-from nanomars.block_diffusion import block_diffusion_loss
-from nanomars.checkpoint import load_model
-from nanomars.cli import fail
-from nanomars.distributed import (close_distributed, gradient_sync, init_distributed, load_resume,
+from nanomars.compare.block_diffusion import block_diffusion_loss
+from nanomars.util.checkpoint import load_model
+from nanomars.util.cli import fail
+from nanomars.scale.distributed import (close_distributed, gradient_sync, init_distributed, load_resume,
                                   mean_over_ranks, parallel, place, restore, save)
 from nanomars.dual_track import ar_loss, collate, diffusion_times, dual_track_loss, random_offsets
-from nanomars.medusa import medusa_objective, medusa_start
+from nanomars.compare.medusa import medusa_objective, medusa_start
 from nanomars.model import Config, Decoder
-from nanomars.tasks import held_out_split, read_jsonl, train_examples
-from nanomars.tokenizer import load_default_tokenizer
-from nanomars.train_args import parse_args
+from nanomars.util.tasks import held_out_split, read_jsonl, train_examples
+from nanomars.util.tokenizer import load_default_tokenizer
+from nanomars.util.train_args import parse_args
 
-args = parse_args(doc=__doc__)  # every flag, and --config presets: nanomars/train_args.py
+args = parse_args(doc=__doc__)  # every flag, and --config presets: nanomars/util/train_args.py
 
 # -------------------------------------------------------------------------------------------- setup
 rank, world, args.device = init_distributed(args.device, args.fsdp, args.dist_timeout)  # torchrun: a GPU each

@@ -12,7 +12,7 @@ with a space before it is one token of the default tokenizer: answers are 21-39 
     python data/copy_task.py [--out out/copy] [--n_train 20000] [--n_test 200]
 
 writes <out>/train.jsonl and <out>/test.jsonl, deterministic from --seed; no test list occurs in train.
-check(example, response) is the exact-match checker (bench.py / evaluate.py --check data/copy_task.py:check):
+check(example, response) is the exact-match checker (tools/bench.py / tools/evaluate.py --check data/copy_task.py:check):
     python train.py --stage ar --data out/copy/train.jsonl --out_dir out/copy
 """
 import random
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-from nanomars.tasks import WORDS, user_prompt, write_split_command
+from nanomars.util.tasks import WORDS, user_prompt, write_split_command
 
 LIST_LEN = (11, 19)  # words in the brackets: 2 tokens a word (", word") less one, + the first word's 1-3
 AROUND = (1, 4)  # words before the brackets, and after them

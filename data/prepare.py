@@ -4,7 +4,7 @@ Regenerate the default offline data: the BPE tokenizer and the fixed held-out te
     python data/prepare.py [--vocab_size 1024]
 
 writes data/tokenizer.tiktoken and data/test.jsonl. Deterministic: a rerun gives identical files.
-Training examples are not stored: train.py draws them from nanomars.tasks.train_examples(n, seed).
+Training examples are not stored: train.py draws them from nanomars.util.tasks.train_examples(n, seed).
 """
 import argparse
 import sys
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-from nanomars import tasks
-from nanomars.tokenizer import ChatTokenizer, build_encoding, save_bpe, train_bpe
+from nanomars.util import tasks
+from nanomars.util.tokenizer import ChatTokenizer, build_encoding, save_bpe, train_bpe
 
 DATA = Path(__file__).resolve().parent
 

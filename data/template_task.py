@@ -6,16 +6,16 @@ prompts vary in length and the model sees every offset; here it sees one.
     python data/template_task.py [--out out/template] [--n_train 3000] [--n_test 200]
 
 writes <out>/train.jsonl and <out>/test.jsonl, deterministic from --seed; test prompts never occur in
-train. Answers are checked by exact match (nanomars.tasks.check does that for examples without a family):
+train. Answers are checked by exact match (nanomars.util.tasks.check does that for examples without a family):
     python train.py --stage ar --data out/template/train.jsonl --out_dir out/template
-    python evaluate.py --ckpt out/template/mars.pt --data out/template/test.jsonl --ar
+    python tools/evaluate.py --ckpt out/template/mars.pt --data out/template/test.jsonl --ar
 """
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-from nanomars.tasks import write_split_command
+from nanomars.util.tasks import write_split_command
 
 WORDS = "zero one two three four five six seven eight nine".split()
 N_DIGITS = 5

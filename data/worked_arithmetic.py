@@ -3,7 +3,7 @@ A long-answer task: worked multi-step arithmetic. The prompt gives a start numbe
 the answer works them out step by step and ends in "The answer is N." (GSM8K's shape, closer to the length
 of the paper's responses: 25-63 tokens with the default tokenizer, median 46, every digit a token), so a
 decoding block of 16 fits inside one answer. Checked by a program that solves the prompt (only the final number
-counts, as in GSM8K). Not part of nanomars.tasks.FAMILIES: the default run and its held-out split are
+counts, as in GSM8K). Not part of nanomars.util.tasks.FAMILIES: the default run and its held-out split are
 unchanged; experiments/power_grid.py mixes it in.
 
     python data/worked_arithmetic.py [--out out/worked] [--n_train 3000] [--n_test 200]
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-from nanomars.tasks import user_prompt, write_split_command
+from nanomars.util.tasks import user_prompt, write_split_command
 
 NAME = "worked_arithmetic"
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}

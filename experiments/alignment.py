@@ -11,7 +11,7 @@ steps then 1200 MARS steps, seed 1337), once as released (blocks counted from po
 - "template": data/template_task.py, 3000 training prompts of one token length, 200 test prompts,
   exact match.
 Each MARS model is evaluated on its test prompts (64 new tokens max) by greedy AR, MARS at tau 1 and 0.95
-(plain window), plus nanomars.diagnose.gate_errors at tau 0.95 (confident proposals that differ from
+(plain window), plus nanomars.compare.diagnose.gate_errors at tau 0.95 (confident proposals that differ from
 greedy AR, by window start c mod B); then, once all four are trained, by MARS at 0.95 with windows that
 never cross a training block boundary (the engine's align=True; added after the first run, so a separate
 pass). Every finished step appends one JSON line to the results file.
@@ -25,12 +25,12 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from evaluate import evaluate  # noqa: E402
+from tools.evaluate import evaluate  # noqa: E402
 from experiments.resumable import done, record  # noqa: E402
-from nanomars.checkpoint import load_model  # noqa: E402
-from nanomars.diagnose import format_gate_errors, gate_errors  # noqa: E402
-from nanomars.progress import Progress  # noqa: E402
-from nanomars.tasks import held_out_split, read_jsonl  # noqa: E402
+from nanomars.util.checkpoint import load_model  # noqa: E402
+from nanomars.compare.diagnose import format_gate_errors, gate_errors  # noqa: E402
+from nanomars.util.progress import Progress  # noqa: E402
+from nanomars.util.tasks import held_out_split, read_jsonl  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "experiments", "alignment.jsonl")
 OUT = os.path.join(ROOT, "out", "alignment")

@@ -58,10 +58,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments.resumable import done, record  # noqa: E402
 from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi  # noqa: E402
-from nanomars.block_diffusion import block_diffusion_decode  # noqa: E402
-from nanomars.checkpoint import load_model  # noqa: E402
-from nanomars.progress import Progress  # noqa: E402
-from nanomars.tasks import held_out_split, prompt_messages, score  # noqa: E402
+from nanomars.compare.block_diffusion import block_diffusion_decode  # noqa: E402
+from nanomars.util.checkpoint import load_model  # noqa: E402
+from nanomars.util.progress import Progress  # noqa: E402
+from nanomars.util.tasks import held_out_split, prompt_messages, score  # noqa: E402
 
 TAUS = (0.95, 0.9, 0.8, 0.7, 0.5, 0.3)
 FULL = dict(seeds=(1, 2, 3), blocks=(4, 8, 16), model=[], batch=32, n_per_family=50, max_new_tokens=64, taus=TAUS,

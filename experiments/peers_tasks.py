@@ -10,13 +10,13 @@ Run from a fixed commit in its own git worktree, so edits on main cannot change 
 For each task, in out/peers_tasks/<task>/ (--out), from its train.jsonl (each task script's default size:
 template 3000 examples, as experiments/alignment.py trained on; copy 20000, as many as the suite's, so the
 model learns to copy rather than to recall lists) and test.jsonl (200 held-out examples, the first 100
-benchmarked), each step one train.py or bench.py run:
+benchmarked), each step one train.py or tools/bench.py run:
     ar      python train.py --stage ar --data train.jsonl --out_dir <task>       default model (4 x 128)
     mars    python train.py --stage mars --data train.jsonl --out_dir <task>     stage 2 from ar.pt
     draft   python train.py --stage ar --data train.jsonl --n_layer 1 --n_embd 64 --n_head 4 --n_kv_head 2 \\
                 --intermediate_size 176 --out_dir <task>/draft                   docs/peers.md's draft model
     medusa  python train.py --stage medusa --data train.jsonl --out_dir <task>   K = 3 heads on the frozen ar.pt
-    bench   python bench.py --ckpt <task>/mars.pt --data test.jsonl --check <the task's checker> \\
+    bench   python tools/bench.py --ckpt <task>/mars.pt --data test.jsonl --check <the task's checker> \\
                 --draft <task>/draft/ar.pt --medusa <task>/medusa.pt --n_prompts 100 --batch_sizes 1 16 \\
                 --out experiments/peers_<task>                                   (beside --results)
 Every training run takes train.py's defaults (1200 steps, batch 32, seed 1337), but for the copy task's
@@ -25,12 +25,12 @@ run, from 7eb1f91, is in git history at cb5b0eb). MARS and the heads get the sam
 (1200), as in docs/peers.md; the template task needed no more. Every finished step appends one
 JSON line to experiments/peers_tasks.jsonl (--results) with the torch version, the thread count, the device
 and the git commit, and is skipped when the runner starts again (a step stopped midway starts over); the
-bench step's line holds bench.py's whole table (its rows as in experiments/peers_<task>.json).
+bench step's line holds tools/bench.py's whole table (its rows as in experiments/peers_<task>.json).
 
 CPU time (one thread, measured on 2 cores at load ~2 over 15 steps of each run; the held-out loss
 evaluations and checkpoints add a little): seconds per step, template / copy: AR 0.14 / 0.27, MARS 0.32 /
 0.61, Medusa heads 0.08 / 0.11, draft model 0.03 / 0.07 (the copy task's examples are about twice as
-long). Training: template 1200 x 0.58 s = 11.5 min, copy 4000 x 0.27 + 1200 x 0.79 s = 34 min. bench.py: at
+long). Training: template 1200 x 0.58 s = 11.5 min, copy 4000 x 0.27 + 1200 x 0.79 s = 34 min. tools/bench.py: at
 most 6 min a task (measured with models trained 16 steps, which never stop: 2.7 s a prompt at batch 1 and
 0.8 s at batch 16 for all ~20 rows, 64 new tokens each), about half that with trained models whose answers
 stop after 15-40 tokens. In all about an hour. (A slower machine, whose copy AR step took 1.13 s and MARS
@@ -49,10 +49,10 @@ sys.path.insert(0, ROOT)
 from data import copy_task, template_task  # noqa: E402
 from experiments.power_grid import provenance  # noqa: E402
 from experiments.resumable import done, record  # noqa: E402
-from nanomars.progress import Progress  # noqa: E402
-from nanomars.tasks import write_jsonl  # noqa: E402
+from nanomars.util.progress import Progress  # noqa: E402
+from nanomars.util.tasks import write_jsonl  # noqa: E402
 
-# task: (its module, training examples, bench.py's --check, stage-1 steps of the target model)
+# task: (its module, training examples, tools/bench.py's --check, stage-1 steps of the target model)
 TASKS = {"template": (template_task, 3000, "suite", 1200),  # suite: exact match for examples without a family
          "copy": (copy_task, 20000, os.path.join(ROOT, "data", "copy_task.py") + ":check", 4000)}
 STEPS = ("ar", "mars", "draft", "medusa", "bench")
@@ -82,7 +82,7 @@ def write_task(task, task_dir, cfg):
 
 
 def run(script, flags, log):
-    """Runs train.py or bench.py (cwd: the repository), its output kept in `log`; returns stdout, seconds."""
+    """Runs train.py or tools/bench.py (cwd: the repository), its output kept in `log`; returns stdout, seconds."""
     t0 = time.time()
     cmd = [sys.executable, os.path.join(ROOT, script), *flags]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -119,7 +119,7 @@ def step(task, name, task_dir, cfg, args, tables):
              "--check", TASKS[task][2], "--draft", os.path.join(task_dir, "draft", "ar.pt"),
              "--medusa", os.path.join(task_dir, "medusa.pt"), *cfg["bench"], "--out", tables,
              "--threads", str(args.threads), "--device", args.device]
-    out, seconds = run("bench.py", flags, os.path.join(task_dir, "bench.log"))
+    out, seconds = run("tools/bench.py", flags, os.path.join(task_dir, "bench.log"))
     with open(tables + ".json") as f:
         table = json.load(f)
     return {"bench_seconds": seconds, "flags": flags, "printed": out, "notes": table["notes"],
@@ -132,12 +132,12 @@ def main():
     p.add_argument("--results", default=os.path.join(ROOT, "experiments", "peers_tasks.jsonl"),
                    help="one JSON line per finished step; bench tables are written beside it (peers_<task>.json)")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "peers_tasks"), help="data, checkpoints and logs")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads of every train.py and bench.py run")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads of every train.py and tools/bench.py run")
     p.add_argument("--device", default="cpu")
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="the tasks to run")
     args = p.parse_args()
     cfg = QUICK if args.quick else FULL
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # train.py's processes (bench.py takes --threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # train.py's processes (tools/bench.py takes --threads)
     meta = provenance(args.threads, args.device)
     finished = done(args.results)
     progress = Progress(len({f"{t}/{s}" for t in args.tasks for s in STEPS} - finished), "peers_tasks")

@@ -112,10 +112,10 @@ from experiments import paired, powered_eval  # noqa: E402
 from experiments.paper_grid import train  # noqa: E402
 from experiments.resumable import done, record  # noqa: E402
 from nanomars.batch_decode import batch_ar, batch_decode  # noqa: E402
-from nanomars.block_diffusion import block_diffusion_decode  # noqa: E402
-from nanomars.checkpoint import load_model  # noqa: E402
-from nanomars.progress import Progress  # noqa: E402
-from nanomars.tasks import prompt_messages, write_jsonl  # noqa: E402
+from nanomars.compare.block_diffusion import block_diffusion_decode  # noqa: E402
+from nanomars.util.checkpoint import load_model  # noqa: E402
+from nanomars.util.progress import Progress  # noqa: E402
+from nanomars.util.tasks import prompt_messages, write_jsonl  # noqa: E402
 
 
 def size(layers, width):

@@ -4,7 +4,7 @@ seven and data/worked_arithmetic.py), training sets drawn disjoint from it, per-
 constant-answer baseline.
 
 - powered_split() continues each suite family's held-out generator past its first 50 prompts, so the
-  old split (nanomars.tasks.held_out_split(), 350 prompts) is the first 50 of every suite family, in
+  old split (nanomars.util.tasks.held_out_split(), 350 prompts) is the first 50 of every suite family, in
   order; later prompts are new, distinct ones. format has only 270 distinct prompts (31 words x 5
   counts, 10 topics x 7 counts, 3 categories x 3 bullets x 5 counts): it keeps 150 (144 distinct), so
   about half its prompts stay trainable.
@@ -19,7 +19,7 @@ from collections import Counter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from data import worked_arithmetic as worked  # noqa: E402
-from nanomars import tasks  # noqa: E402
+from nanomars.util import tasks  # noqa: E402
 
 FAMILIES = [*tasks.FAMILIES, worked.NAME]
 N_PER_FAMILY = 500

@@ -137,7 +137,7 @@ class Attention(nn.Module):
             # mask is tiled to match, (rep*T, S). SDPA's enable_gqa=True with a mask rules out flash and,
             # depending on the torch version, the memory-efficient kernel, leaving CUDA the math kernel
             # (fp32 scores per head); a plain call with a mask can take the memory-efficient one
-            # (gpu_check.py reports the kernel picked). Unlike repeating K/V per query head, this copies
+            # (tools/gpu_check.py reports the kernel picked). Unlike repeating K/V per query head, this copies
             # only q and the boolean mask: a decode step feeds few queries against a long cache.
             q = q.reshape(N, self.n_kv_head, rep * T, self.head_dim)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.tile(rep, 1))  # (N, nkv, rep*T, hs)

@@ -1,3 +1,4 @@
+import copy
 import os
 import sys
 
@@ -8,7 +9,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nanomars.masks import causal_mask  # noqa: E402
 from nanomars.model import Config, Decoder, KVCache  # noqa: E402
-from nanomars.tasks import held_out_split  # noqa: E402
+from nanomars.compare.medusa import Medusa, medusa_loss  # noqa: E402
+from nanomars.dual_track import collate  # noqa: E402
+from nanomars.util.tasks import held_out_split, train_examples  # noqa: E402
+
+
+TRAINED = {"trained", "zero_heads", "medusa"}  # the fixtures that train a model (about a minute, once a session)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "trained: needs a trained model fixture; pytest -m 'not trained' is the fast loop")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:  # every test that requests a trained fixture is marked, so the fast loop skips it
+        if TRAINED & set(getattr(item, "fixturenames", ())):
+            item.add_marker("trained")
 
 
 def random_model(seed=0, **overrides):
@@ -53,15 +69,13 @@ def assert_cache_is_a_fresh_prefill(model, cache, row, tokens):
 
 @pytest.fixture(scope="session")
 def tok():
-    from nanomars.tokenizer import load_default_tokenizer
+    from nanomars.util.tokenizer import load_default_tokenizer
     return load_default_tokenizer()
 
 
 def train_briefly(model, tok, seed, steps, loss):
     """A few AdamW steps (lr 3e-3, batch 32 drawn with the seed) on the default suite's examples;
     loss(model, step, x, response, targets) -> the step's loss. Returns the model in eval mode."""
-    from nanomars.dual_track import collate
-    from nanomars.tasks import train_examples
     data = [tok.render(ex["messages"]) for ex in train_examples(2000, seed=seed)]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(seed)
@@ -89,7 +103,7 @@ def trained(tok):
 
 # -------------------------------------------------------------------------------- the engine's parts
 def _policies():
-    from nanomars.baselines import BlockCache
+    from nanomars.compare.block_cache import BlockCache
     from nanomars.engine import NoCache, PerRequestCache
     return {"request": PerRequestCache, "none": NoCache, "block": lambda: BlockCache(4)}
 
@@ -109,3 +123,44 @@ def tokens(out):
 
 def spans(out):
     return [r.spans for r in out.rows]
+
+
+# ------------------------------------------------------------------ Medusa heads (test_medusa, test_tree, test_bench)
+def random_heads(base, K, seed=0):
+    """A Medusa on `base` whose K heads have random weights (not the zero start): drafts of all kinds."""
+    medusa = Medusa(copy.deepcopy(base), K)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for w in medusa.heads:
+            w.weight.copy_(torch.randn(w.weight.shape, generator=gen))
+            w.bias.copy_(torch.randn(w.bias.shape, generator=gen))
+    return medusa.eval()
+
+
+def batches(tok, n_steps, seed):
+    data = [tok.render(ex["messages"]) for ex in train_examples(2000, seed=seed)]
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(n_steps):
+        idx = torch.randint(len(data), (32,), generator=gen)
+        yield collate([data[i] for i in idx], 4, tok.eos_id)
+
+
+@pytest.fixture(scope="session")
+def zero_heads(trained):
+    """K = 3 heads as train.py starts them (zero) on a copy of the session's trained model."""
+    return Medusa(copy.deepcopy(trained), 3).eval()
+
+
+@pytest.fixture(scope="session")
+def medusa(tok, zero_heads):
+    """Those heads trained 150 steps (batch 32, lr 3e-3)."""
+    model = copy.deepcopy(zero_heads).train()
+    opt = model.configure_optimizer(3e-3)
+    for x, _, targets in batches(tok, 150, seed=2):
+        medusa_loss(model, x, targets, 3)[0].backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()
+
+
+

@@ -4,13 +4,14 @@ import pytest
 import torch
 
 from conftest import assert_cache_is_a_fresh_prefill, constant_model, held_out_prompts, random_model
+from nanomars.compare.block_cache import BlockCache
 from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_jacobi, splice
 from nanomars.decode import ar_decode, gate, mars_decode, propose
 from nanomars.masks import causal_mask
 
 MASK = 96
-STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache="block", cache_block=4),
-              dict(cache="block", cache_block=8)]
+STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache=BlockCache(4)),
+              dict(cache=BlockCache(8))]
 # very different lengths, a 1-token prompt
 RANDOM_PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
@@ -25,7 +26,7 @@ def test_splice_aligns_rows():
     assert n.tolist() == [3, 0]
 
 
-@pytest.mark.parametrize("kw", STRATEGIES, ids=lambda kw: f"{kw['cache']}{kw.get('cache_block', '')}")
+@pytest.mark.parametrize("kw", STRATEGIES, ids=lambda kw: str(kw["cache"]))
 @pytest.mark.parametrize("tau", [0.9, 0.6])
 def test_every_strategy_gives_each_row_its_single_row_decoding(tok, trained, kw, tau):
     prompts = held_out_prompts(tok) + [tok.prompt_ids("Hi")]
@@ -46,10 +47,10 @@ def test_cache_strategies_equal_uncached_and_block_cache_waits(tok, trained):
     assert block.forwards > request.forwards == max(r.forwards for r in request.rows)
 
 
-@pytest.mark.parametrize("cache", [None, "request", "block"])
+@pytest.mark.parametrize("cache", [None, "request", BlockCache(4)], ids=str)
 def test_batched_ar_equals_single_ar_on_a_random_model(cache):
     model = random_model()
-    out = batch_ar(model, RANDOM_PROMPTS, 30, cache=cache, cache_block=4)
+    out = batch_ar(model, RANDOM_PROMPTS, 30, cache=cache)
     for prompt, row in zip(RANDOM_PROMPTS, out.rows):
         assert row.tokens == ar_decode(model, prompt, 30).tokens and row.forwards == 30
     assert out.forwards == 30
@@ -111,12 +112,12 @@ def test_per_row_tau_is_a_real_time_knob(tok, trained):
     assert max(len(s) for s in eng.out.rows[0].spans[2:]) > 1
 
 
-@pytest.mark.parametrize("model_name", ["random", "trained"])
-def test_jacobi_equals_greedy_ar(tok, trained, model_name):
-    if model_name == "random":
+@pytest.mark.parametrize("model_name", ["random", pytest.param("trained", marks=pytest.mark.trained)])
+def test_jacobi_equals_greedy_ar(tok, request, model_name):
+    if model_name == "random":  # the trained model is requested (and trained) only where it is used
         model, prompts, stops = random_model(), RANDOM_PROMPTS, ()
     else:
-        model, prompts, stops = trained, held_out_prompts(tok), tok.stop_ids
+        model, prompts, stops = request.getfixturevalue("trained"), held_out_prompts(tok), tok.stop_ids
     ar = batch_ar(model, prompts, 40, stops)
     for window in (2, 4):
         jac = batch_jacobi(model, prompts, 40, window, stops)
@@ -228,15 +229,15 @@ def test_reference_greedy_agrees_on_long_padded_batches():
 
 
 def test_bench_quick_writes_the_table(tok, trained, tmp_path):
-    """bench.py end to end on a small trained checkpoint: every strategy measured against AR in one run."""
+    """tools/bench.py end to end on a small trained checkpoint: every strategy measured against AR in one run."""
     import json
     import os
     import subprocess
     import sys
-    from nanomars.checkpoint import save_checkpoint
+    from nanomars.util.checkpoint import save_checkpoint
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     save_checkpoint(str(tmp_path / "m.pt"), trained, None, 0, {"block_size": 4})
-    proc = subprocess.run([sys.executable, "bench.py", "--quick", "--ckpt", str(tmp_path / "m.pt"),
+    proc = subprocess.run([sys.executable, "tools/bench.py", "--quick", "--ckpt", str(tmp_path / "m.pt"),
                            "--out", str(tmp_path / "bench")], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((tmp_path / "bench.json").read_text())["results"]

@@ -1,4 +1,4 @@
-"""bench.py end to end: MARS and its peers (prompt lookup, a draft model, Medusa heads, tree lossless MARS)
+"""tools/bench.py end to end: MARS and its peers (prompt lookup, a draft model, Medusa heads, tree lossless MARS)
 in one table, on one trained checkpoint. The exact rows decode greedy AR's tokens, so their accuracy is
 AR's, exactly; the peers' columns (extra parameters, extra training, exact, the draft model's forwards)
 are what their models say; a peer whose file is missing is a note, not a failure."""
@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from nanomars.checkpoint import save_checkpoint
-from nanomars.medusa import Medusa, medusa_loss
-from test_medusa import batches
+from nanomars.util.checkpoint import save_checkpoint
+from nanomars.compare.medusa import Medusa, medusa_loss
+from conftest import batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXACT = {"AR+cache", "Jacobi", "Lossless MARS", "Lossless tree 4/2", "Lossless tree 8/3", "Lossless tree 16/3",
@@ -24,7 +24,7 @@ GATED = {"MARS no cache", "MARS block 4", "MARS block 8", "MARS block 16", "MARS
 
 def bench(*args):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "bench.py", *map(str, args)], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "tools/bench.py", *map(str, args)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import random_model
-from nanomars.block_diffusion import block_diffusion_decode, block_diffusion_loss
+from nanomars.compare.block_diffusion import block_diffusion_decode, block_diffusion_loss
 from nanomars.dual_track import EPS, IGNORE, collate
 from nanomars.masks import bd3lm_mask
 

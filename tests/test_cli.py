@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from nanomars.checkpoint import save_checkpoint
+from nanomars.util.checkpoint import save_checkpoint
 from nanomars.model import Config, Decoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,12 +183,12 @@ def test_sample_rejects_a_folder_that_is_not_a_model(tmp_path):
     (["--check", "nope"], "expected 'suite', 'FILE.py:FUNCTION'"),
 ])
 def test_bench_rejects_bad_numbers(files, args, expected):
-    assert_one_line_error(run("bench.py", "--ckpt", files / "good.pt", *args), expected)
+    assert_one_line_error(run("tools/bench.py", "--ckpt", files / "good.pt", *args), expected)
 
 
 @pytest.mark.parametrize("ckpt, expected", BAD_CHECKPOINTS + [("short_context.pt", "exceeds the model context")])
 def test_bench_rejects_bad_checkpoints(files, ckpt, expected):
-    assert_one_line_error(run("bench.py", "--ckpt", files / ckpt, "--quick"), expected)
+    assert_one_line_error(run("tools/bench.py", "--ckpt", files / ckpt, "--quick"), expected)
 
 
 @pytest.mark.parametrize("flag, path, expected", [
@@ -199,7 +199,7 @@ def test_bench_rejects_bad_checkpoints(files, ckpt, expected):
 ])
 def test_bench_rejects_bad_peer_files(files, flag, path, expected):
     """A peer's file that is there but unusable is an error (a missing one is a note: test_bench.py)."""
-    assert_one_line_error(run("bench.py", "--ckpt", files / "good.pt", "--quick", flag, files / path), expected)
+    assert_one_line_error(run("tools/bench.py", "--ckpt", files / "good.pt", "--quick", flag, files / path), expected)
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -213,12 +213,12 @@ def test_bench_rejects_bad_peer_files(files, flag, path, expected):
     (["--data", "missing.jsonl"], "missing.jsonl"),
 ])
 def test_evaluate_rejects_bad_numbers(files, args, expected):
-    assert_one_line_error(run("evaluate.py", "--ckpt", files / "good.pt", *args), expected)
+    assert_one_line_error(run("tools/evaluate.py", "--ckpt", files / "good.pt", *args), expected)
 
 
 @pytest.mark.parametrize("ckpt, expected", BAD_CHECKPOINTS)
 def test_evaluate_rejects_bad_checkpoints(files, ckpt, expected):
-    assert_one_line_error(run("evaluate.py", "--ckpt", files / ckpt, "--ar"), expected)
+    assert_one_line_error(run("tools/evaluate.py", "--ckpt", files / ckpt, "--ar"), expected)
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -226,4 +226,4 @@ def test_evaluate_rejects_bad_checkpoints(files, ckpt, expected):
     (["--device", "nonsense"], "unknown device 'nonsense'"),
 ])
 def test_gpu_check_rejects_bad_arguments(args, expected):
-    assert_one_line_error(run("gpu_check.py", "--small", *args), expected)
+    assert_one_line_error(run("tools/gpu_check.py", "--small", *args), expected)

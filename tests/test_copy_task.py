@@ -7,7 +7,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from data import copy_task  # noqa: E402
-from nanomars.tasks import load_checker, prompt_messages, read_jsonl, user_prompt  # noqa: E402
+from nanomars.util.tasks import load_checker, prompt_messages, read_jsonl, user_prompt  # noqa: E402
 
 
 def answer(ex):

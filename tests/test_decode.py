@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import held_out_prompts, random_model
-from nanomars.checkpoint import load_checkpoint, save_checkpoint
+from nanomars.util.checkpoint import load_checkpoint, save_checkpoint
 from nanomars.decode import accept, ar_decode, mars_decode, show_spans
 from nanomars.masks import causal_mask
 
@@ -153,6 +153,7 @@ def test_decoders_run_under_bf16_autocast_and_stay_greedy_up_to_near_ties(tok, t
     choice up to a near-tie (assert_near_greedy): bf16 may flip an argmax whose top two are within
     rounding, never one with a clear margin. Exact equality is a float32 property (docs/mars.md)."""
     from nanomars.batch_decode import batch_ar, batch_decode, batch_lossless
+    from nanomars.compare.block_cache import BlockCache
     prompts = held_out_prompts(tok)
     with torch.no_grad():
         a = trained(torch.tensor([prompts[0]]), torch.arange(len(prompts[0]))[None], causal_mask(len(prompts[0])))
@@ -169,7 +170,7 @@ def test_decoders_run_under_bf16_autocast_and_stay_greedy_up_to_near_ties(tok, t
             outs.append((p, mars_decode(trained, p, 32, tok.mask_id, 4, 1.0, tok.stop_ids)))
             outs.append((p, mars_decode(trained, p, 32, tok.mask_id, 4, stop_ids=tok.stop_ids, lossless=True)))
         batches = [batch_decode(trained, prompts, 32, tok.mask_id, 4, 0.9, tok.stop_ids, cache=c)
-                   for c in ("request", "block", None)]
+                   for c in ("request", BlockCache(16), None)]
         batches += [batch_ar(trained, prompts, 32, tok.stop_ids), batch_lossless(trained, prompts, 32, tok.mask_id, 4,
                                                                                   tok.stop_ids)]
     outs += [(p, row) for out in batches for p, row in zip(prompts, out.rows)]

@@ -2,7 +2,7 @@ import torch
 
 from conftest import random_model
 from nanomars.decode import ar_decode, gate, n_accepted, propose
-from nanomars.diagnose import format_gate_errors, gate_errors
+from nanomars.compare.diagnose import format_gate_errors, gate_errors
 from nanomars.masks import causal_mask
 
 MASK = 15

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import random_model
-from nanomars.checkpoint import load_checkpoint
+from nanomars.util.checkpoint import load_checkpoint
 from nanomars.dual_track import IGNORE, ar_loss, collate, diffusion_times, dual_track_loss, random_offsets
 from nanomars.masks import causal_mask, mars_train_mask
 
@@ -142,7 +142,7 @@ def test_offsets_must_be_one_per_example():
 
 
 def test_random_offsets_are_the_default_for_dual_track_training_only():
-    from nanomars.train_args import parse_args
+    from nanomars.util.train_args import parse_args
     assert parse_args(["--stage", "mars"]).random_offsets is True
     assert parse_args(["--stage", "mars", "--no-random_offsets"]).random_offsets is False
     assert parse_args(["--stage", "mars", "--objective", "bd3lm"]).random_offsets is False  # one stream: no blocks to shift

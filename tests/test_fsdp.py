@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from nanomars.checkpoint import load_checkpoint, load_model
+from nanomars.util.checkpoint import load_checkpoint, load_model
 from test_train import ROOT, TINY, run
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
@@ -64,7 +64,7 @@ def test_sharded_resume_continues_exactly(sharded_run, tmp_path):
 
 def test_sharded_export_loads_in_nanomars_and_transformers(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers loads the export as the reference")
-    from tiny_qwen import tiny_hf_folder
+    from nanomars.scale.tiny_qwen import tiny_hf_folder
     tiny_hf_folder(tmp_path / "hf", tie=False)  # untied, like Qwen2.5-7B
     data = tmp_path / "sft.jsonl"
     data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"add {i} {i}"},

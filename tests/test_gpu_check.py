@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gpu_check import QWEN05, main, peak_bf16_flops, sdpa_kernel_used, train_flops
+from tools.gpu_check import QWEN05, main, peak_bf16_flops, sdpa_kernel_used, train_flops
 from nanomars.dual_track import ar_loss, collate, dual_track_loss
 from nanomars.model import Config, Decoder
 

@@ -6,11 +6,12 @@ import torch
 
 import nanomars.strategies as strategies_module
 from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
+from nanomars.compare.block_cache import BlockCache
 from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_lossless
 from nanomars.decode import ar_decode, mars_decode, sample, sampling_dist
 from nanomars.masks import causal_mask
 
-STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache="block", cache_block=4)]
+STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache=BlockCache(4))]
 PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
@@ -191,7 +192,7 @@ def replace_from_p(draft, n_draft, logits, q, temperature, top_k, generator):
 
 
 SAMPLING = [dict(temperature=0.05, top_k=None, cache="request", block_size=4),
-            dict(temperature=0.08, top_k=4, cache="block", cache_block=2, block_size=3)]
+            dict(temperature=0.08, top_k=4, cache=BlockCache(2), block_size=3)]
 
 
 @pytest.mark.parametrize("kw", SAMPLING, ids=lambda kw: f"T{kw['temperature']}-top{kw['top_k']}-{kw['cache']}")

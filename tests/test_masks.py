@@ -247,7 +247,7 @@ def test_no_leak_with_offsets(r):
                 assert diff < 1e-6, (p, q, diff)
 
 
-# tree attention (tree verification, nanomars/tree.py): node i sees its ancestors and itself only. The tree:
+# tree attention (tree verification, nanomars/compare/tree.py): node i sees its ancestors and itself only. The tree:
 # 0 and 1 hang from the root (the last known token); 2, 3 are children of 0; 4 of 1; 5 of 2; 6 of 5
 TREE_PICTURE = """\
              0  1  2  3  4  5  6

@@ -1,9 +1,8 @@
-"""Medusa-style heads (nanomars/medusa.py): the heads' shape and parameter count, their training loss
+"""Medusa-style heads (nanomars/compare/medusa.py): the heads' shape and parameter count, their training loss
 (against a plain computation, and that it falls), the checkpoint, and decoding. Verified decoding must be
 greedy AR token for token (random and trained heads, every cache policy, batched or alone) and follow a
 plain one-prompt reference span for span, so the heads are read at the right column; the tau gate must be
 AR at tau 1 and follow its own plain reference below it."""
-import copy
 import os
 import subprocess
 import sys
@@ -12,60 +11,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import POLICIES, decode, held_out_prompts, random_model, spans, tokens
+from conftest import POLICIES, decode, held_out_prompts, random_heads, random_model, spans, tokens
 from nanomars.batch_decode import batch_ar
-from nanomars.checkpoint import save_checkpoint
+from nanomars.util.checkpoint import save_checkpoint
 from nanomars.dual_track import IGNORE, collate
 from nanomars.engine import Engine
 from nanomars.masks import causal_mask
-from nanomars.medusa import Medusa, MedusaGate, MedusaHeads, head_targets, load_medusa, medusa_loss
+from nanomars.compare.medusa import Medusa, MedusaGate, MedusaHeads, head_targets, load_medusa, medusa_loss
 from nanomars.model import Config, Decoder
-from nanomars.tasks import held_out_split, train_examples
+from nanomars.util.tasks import held_out_split
 from test_lossless import SMALL_PROMPTS, small_vocab_model
 from test_train import ROOT, TINY, run
 
 PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
-def random_heads(base, K, seed=0):
-    """A Medusa on `base` whose K heads have random weights (not the zero start): drafts of all kinds."""
-    medusa = Medusa(copy.deepcopy(base), K)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for w in medusa.heads:
-            w.weight.copy_(torch.randn(w.weight.shape, generator=gen))
-            w.bias.copy_(torch.randn(w.bias.shape, generator=gen))
-    return medusa.eval()
-
-
-def batches(tok, n_steps, seed):
-    data = [tok.render(ex["messages"]) for ex in train_examples(2000, seed=seed)]
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(n_steps):
-        idx = torch.randint(len(data), (32,), generator=gen)
-        yield collate([data[i] for i in idx], 4, tok.eos_id)
-
-
 def held_out_batch(tok):
     return collate([tok.render(ex["messages"]) for ex in held_out_split(4)], 4, tok.eos_id)
-
-
-@pytest.fixture(scope="session")
-def zero_heads(trained):
-    """K = 3 heads as train.py starts them (zero) on a copy of the session's trained model."""
-    return Medusa(copy.deepcopy(trained), 3).eval()
-
-
-@pytest.fixture(scope="session")
-def medusa(tok, zero_heads):
-    """Those heads trained 150 steps (batch 32, lr 3e-3)."""
-    model = copy.deepcopy(zero_heads).train()
-    opt = model.configure_optimizer(3e-3)
-    for x, _, targets in batches(tok, 150, seed=2):
-        medusa_loss(model, x, targets, 3)[0].backward()
-        opt.step()
-        opt.zero_grad()
-    return model.eval()
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""nanomars/memory.py against torch's own counts on tiny models (CPU): parameter counts, the bytes of
+"""nanomars/scale/memory.py against torch's own counts on tiny models (CPU): parameter counts, the bytes of
 weights, gradients and AdamW state, the tensors autograd saves, and the peak of a forward + backward."""
 import pytest
 import torch
@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from nanomars.dual_track import dual_track_loss
-from nanomars.memory import PAPER_MODELS, activation_bytes, memory_table, num_params, training_memory
+from nanomars.scale.memory import PAPER_MODELS, activation_bytes, memory_table, num_params, training_memory
 from nanomars.model import Config, Decoder
 
 TINY = dict(vocab_size=256, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=128)

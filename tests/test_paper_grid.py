@@ -46,8 +46,8 @@ def test_quick_grid_runs_every_kind_of_row_and_resumes(tmp_path):
     assert by_row["mars_B4"]["sweep"]["1"] == by_row["mars_B4"]["ar"]  # tau 1 is AR
     # the Jacobi figure is Jacobi's: decoded again here from the AR-SFT checkpoint the grid trained
     from nanomars.batch_decode import batch_jacobi
-    from nanomars.checkpoint import load_model
-    from nanomars.tasks import held_out_split
+    from nanomars.util.checkpoint import load_model
+    from nanomars.util.tasks import held_out_split
     model, tok, _, _ = load_model(str(tmp_path / "runs" / "seed1" / "ar_E" / "ar.pt"))
     prompts = [tok.prompt_ids(ex["messages"][:1]) for ex in held_out_split(QUICK["n_per_family"])]
     jacobi = batch_jacobi(model, prompts, QUICK["max_new_tokens"], 4, tok.stop_ids)
@@ -61,7 +61,7 @@ def test_jacobi_figure_counts_jacobis_forwards(monkeypatch, tok):
     token; Jacobi takes 1 forward for the first token, then one per whole window of 4, so 12 tokens in 4."""
     import paper_grid
     from conftest import constant_model
-    from nanomars.tasks import held_out_split
+    from nanomars.util.tasks import held_out_split
     model = constant_model(tok.encode("a")[0], vocab_size=tok.vocab_size)
     monkeypatch.setattr(paper_grid, "load_model", lambda path: (model, tok, 4, None))
     scores = paper_grid.evaluate_run("ar.pt", held_out_split(1), None, "ar", {**QUICK, "max_new_tokens": 12})

@@ -1,17 +1,17 @@
-"""MARS's peers (nanomars/peers.py): prompt lookup and a draft model, engine strategies that draft and let
+"""MARS's peers (nanomars/compare/speculative.py): prompt lookup and a draft model, engine strategies that draft and let
 the target verify. Greedy output must be greedy AR's token for token (random and trained models, every
 cache policy, batched or alone); sampled output must be distributed as AR sampling (the chi-square test
 of test_lossless.py, also shown to reject wrong rules); drafts must actually be kept."""
 import pytest
 import torch
 
-import nanomars.peers as peers_module
+import nanomars.compare.speculative as peers_module
 from conftest import (POLICIES, assert_cache_is_a_fresh_prefill, constant_model, decode, held_out_prompts,
                       random_model, spans, tokens, train_briefly)
 from nanomars.batch_decode import batch_ar
 from nanomars.engine import Engine
 from nanomars.model import Config, Decoder
-from nanomars.peers import DraftModel, PromptLookup, lookup
+from nanomars.compare.speculative import DraftModel, PromptLookup, lookup
 from test_lossless import (K, N_SAMPLES, SMALL_PROMPTS, chi_square_pvalue, exact_ar_distribution,
                            keep_every_draft, replace_from_p, small_vocab_model)
 

@@ -17,7 +17,7 @@ import paired  # noqa: E402
 import power_grid  # noqa: E402
 import powered_eval  # noqa: E402
 from data import worked_arithmetic as worked  # noqa: E402
-from nanomars import tasks  # noqa: E402
+from nanomars.util import tasks  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------ the long-answer family

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from nanomars.train_args import parse_args
+from nanomars.util.train_args import parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "config", "*.py")))
@@ -15,14 +15,22 @@ def test_the_four_recipes_are_there():
     assert [os.path.basename(p) for p in PRESETS] == ["qwen05_ar.py", "qwen05_mars.py", "qwen7_ar.py", "qwen7_mars.py"]
 
 
+# The paper's recipe (arXiv 2604.07023, its training setup): the quantities the presets must reproduce
+PAPER = dict(examples=2_000_000, epochs=5, global_batch=384, warmup_share=0.03, lr=5e-6, betas=[0.9, 0.999],
+             max_len=512, block_size=4, alpha=1.0)
+
+
 @pytest.mark.parametrize("path", PRESETS, ids=os.path.basename)
 def test_preset_is_the_papers_recipe(path):
     a = parse_args(["--config", path])
-    gpus = 8 if a.fsdp else 1  # the GPU count each preset's global batch is written for (its comment)
-    assert a.batch_size * a.grad_accum * gpus == 384
-    assert (a.lr, a.min_lr_ratio, a.betas, a.weight_decay, a.grad_clip) == (5e-6, 0.0, [0.9, 0.999], 0.0, 1.0)
-    assert a.max_len == 512 and a.block_size == 4 and a.alpha == 1.0
-    assert a.max_iters == 26041 and a.warmup == 781  # 5 epochs of ~2M examples at 384 a step; 3% warmup
+    ranks = 8 if a.fsdp else 1  # the processes each preset's global batch is written for (its comment)
+    global_batch = a.batch_size * a.grad_accum * ranks  # what one optimizer step sees
+    assert global_batch == PAPER["global_batch"]
+    assert a.max_iters == PAPER["epochs"] * PAPER["examples"] // global_batch  # 5 epochs of the paper's data
+    assert a.warmup == int(a.max_iters * PAPER["warmup_share"])  # 3% of the steps
+    assert (a.lr, a.betas, a.max_len, a.block_size, a.alpha) == tuple(PAPER[k] for k in
+                                                                      ("lr", "betas", "max_len", "block_size", "alpha"))
+    assert (a.min_lr_ratio, a.weight_decay, a.grad_clip) == (0.0, 0.0, 1.0)  # cosine to 0, no decay, clip 1
     assert a.stage == os.path.basename(path)[:-3].split("_")[1]
     assert a.random_offsets is False  # as released (nanoMARS's own default for stage mars is True)
     assert a.fsdp == ("qwen7" in path) and a.grad_checkpointing  # 7B does not fit one GPU: sharded

@@ -1,10 +1,10 @@
-"""nanomars/progress.py: what a log and a terminal show of long work, on a clock the test moves."""
+"""nanomars/util/progress.py: what a log and a terminal show of long work, on a clock the test moves."""
 import io
 
 import pytest
 
-import nanomars.progress as progress
-from nanomars.progress import Progress
+import nanomars.util.progress as progress
+from nanomars.util.progress import Progress
 
 
 class Stream(io.StringIO):

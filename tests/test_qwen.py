@@ -14,8 +14,8 @@ import torch
 
 from nanomars.decode import ar_decode, mars_decode
 from nanomars.masks import causal_mask
-from nanomars.qwen import bytes_to_unicode, load_qwen, load_qwen_config, load_qwen_tokenizer, save_qwen
-from nanomars.tokenizer import QWEN_PATTERN
+from nanomars.scale.qwen import bytes_to_unicode, load_qwen, load_qwen_config, load_qwen_tokenizer, save_qwen
+from nanomars.util.tokenizer import QWEN_PATTERN
 
 VOCAB = 300
 QWEN25_ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -32,7 +32,7 @@ def to_unicode(b: bytes) -> str:
 
 def tiny_hf(folder, n_kv_head, tie, shard=False, seed=0):
     pytest.importorskip("transformers", reason="transformers is the reference implementation")
-    from tiny_qwen import tiny_hf_folder
+    from nanomars.scale.tiny_qwen import tiny_hf_folder
     return tiny_hf_folder(folder, n_kv_head, tie, shard, seed)
 
 
@@ -157,7 +157,7 @@ def test_bad_checkpoints(tmp_path):
 
 
 def test_key_and_shape_mismatch(tmp_path):
-    from nanomars.safetensors_io import load_file, save_file
+    from nanomars.scale.safetensors_io import load_file, save_file
     tiny_hf(tmp_path, 2, False)
     path = tmp_path / "model.safetensors"
     weights = dict(load_file(path))

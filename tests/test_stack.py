@@ -1,4 +1,4 @@
-"""Stacking (nanomars/stack.py): lossless MARS's tree and prompt lookup's chain verified in one forward.
+"""Stacking (nanomars/compare/stack.py): lossless MARS's tree and prompt lookup's chain verified in one forward.
 The merge must give the union of both drafts' paths as one tree (nothing twice); greedy output must be
 greedy AR's token for token (random and trained models, with and without caches, batched or alone); the
 cache must hold a fresh prefill after every step; where the text repeats, the chain's own nodes must be
@@ -6,15 +6,15 @@ kept and the stack must beat each draft alone; where lookup finds nothing, it mu
 import pytest
 import torch
 
-import nanomars.stack as stack_module
+import nanomars.compare.stack as stack_module
 from conftest import (assert_cache_is_a_fresh_prefill, constant_model, decode, held_out_prompts, random_model, spans,
                       tokens)
-from nanomars.baselines import BlockCache
+from nanomars.compare.block_cache import BlockCache
 from nanomars.batch_decode import batch_ar
 from nanomars.engine import Engine, PerRequestCache
-from nanomars.peers import PromptLookup
-from nanomars.stack import StackedTree, hang_chain
-from nanomars.tree import TreeLossless, best_tree
+from nanomars.compare.speculative import PromptLookup
+from nanomars.compare.stack import StackedTree, hang_chain
+from nanomars.compare.tree import TreeLossless, best_tree
 from test_tree import PROMPTS, SMALL_PROMPTS, path, small_vocab_model
 
 POLICIES = ["request", "none"]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nanomars import tasks
+from nanomars.util import tasks
 
 def wrong(family, answer):
     """A plausible but wrong answer for each family."""

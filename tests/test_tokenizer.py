@@ -2,7 +2,7 @@ import pytest
 import tiktoken
 import tiktoken.load
 
-from nanomars.tokenizer import (SPECIAL_TOKENS, ChatTokenizer, build_encoding, load_bpe,
+from nanomars.util.tokenizer import (SPECIAL_TOKENS, ChatTokenizer, build_encoding, load_bpe,
                                 load_default_tokenizer, save_bpe, train_bpe)
 
 TEXT = ("The quick brown fox jumps over the lazy dog. It's 2 + 3 = 5, isn't it?\n"

@@ -1,4 +1,4 @@
-"""bench.py and evaluate.py on a Hugging Face folder (its own tokenizer) with the user's JSONL data and
+"""tools/bench.py and tools/evaluate.py on a Hugging Face folder (its own tokenizer) with the user's JSONL data and
 checker: what a GPU user runs on a released MARS checkpoint, here on a tiny random Qwen2 folder."""
 import json
 import os
@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from nanomars.checkpoint import load_model
+from nanomars.util.checkpoint import load_model
 from nanomars.decode import ar_decode, mars_decode
-from tests.tiny_qwen import tiny_hf_folder
+from nanomars.scale.tiny_qwen import tiny_hf_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +51,7 @@ def run(*args):
 
 def test_evaluate_on_a_folder_with_a_users_checker(setup):
     d = setup
-    rc, out, err = run("evaluate.py", "--ckpt", str(d / "model"), "--data", str(d / "data.jsonl"), "--ar",
+    rc, out, err = run("tools/evaluate.py", "--ckpt", str(d / "model"), "--data", str(d / "data.jsonl"), "--ar",
                        "--taus", "1", "0.5", "--max_new_tokens", "6", "--check", f"{d / 'checks.py'}:same_length")
     assert rc == 0, err
     assert "4 prompts from" in out
@@ -69,7 +69,7 @@ def test_evaluate_on_a_folder_with_a_users_checker(setup):
 
 def test_bench_on_a_folder_with_jsonl(setup):
     d = setup
-    rc, out, err = run("bench.py", "--ckpt", str(d / "model"), "--data", str(d / "data.jsonl"), "--batch_sizes",
+    rc, out, err = run("tools/bench.py", "--ckpt", str(d / "model"), "--data", str(d / "data.jsonl"), "--batch_sizes",
                        "1", "2", "--max_new_tokens", "6", "--out", str(d / "bench"))
     assert rc == 0, err
     assert "4 prompts from" in out
@@ -82,8 +82,8 @@ def test_bench_on_a_folder_with_jsonl(setup):
 
 
 @pytest.mark.parametrize("spec, says", [("nope", "expected 'suite'"), ("missing_file.py:f", "cannot load"),
-                                        ("nanomars.tasks:no_such_function", "has no function")])
+                                        ("nanomars.util.tasks:no_such_function", "has no function")])
 def test_bad_checker_is_one_line(setup, spec, says):
-    rc, out, err = run("evaluate.py", "--ckpt", str(setup / "model"), "--data", str(setup / "data.jsonl"),
+    rc, out, err = run("tools/evaluate.py", "--ckpt", str(setup / "model"), "--data", str(setup / "data.jsonl"),
                        "--taus", "1", "--check", spec)
     assert rc != 0 and err.startswith("error:") and says in err and "Traceback" not in err

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from nanomars.checkpoint import load_checkpoint
+from nanomars.util.checkpoint import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--n_kv_head", "1", "--intermediate_size", "64",
@@ -68,7 +68,7 @@ def test_ddp_two_processes_end_with_identical_weights(tmp_path):
 def test_finetune_a_hugging_face_folder(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers loads the result as the reference")
     from test_qwen import tiny_hf
-    from nanomars.qwen import load_qwen
+    from nanomars.scale.qwen import load_qwen
     tiny_hf(tmp_path / "hf", n_kv_head=2, tie=True)
     data = tmp_path / "sft.jsonl"
     data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"add {i} {i}"},

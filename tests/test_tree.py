@@ -1,4 +1,4 @@
-"""Tree verification (nanomars/tree.py) for lossless MARS and for Medusa's heads: each node computed as if
+"""Tree verification (nanomars/compare/tree.py) for lossless MARS and for Medusa's heads: each node computed as if
 its own path had been fed alone (no leak from a sibling or a later token), the deepest right path kept,
 greedy output identical to AR for any model, single and batched, with and without caches, a committed
 cache equal to a fresh prefill, and more tokens per forward than the chain."""
@@ -7,16 +7,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import nanomars.tree as tree_module
+import nanomars.compare.tree as tree_module
 from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
-from nanomars.baselines import BlockCache
+from nanomars.compare.block_cache import BlockCache
 from nanomars.batch_decode import batch_ar, batch_lossless
 from nanomars.engine import Engine, NoCache, PerRequestCache, forward_window
 from nanomars.masks import causal_mask
 from nanomars.model import KVCache
-from nanomars.medusa import MedusaHeads
-from nanomars.tree import MedusaTree, TreeLossless, best_tree
-from test_medusa import medusa, random_heads, zero_heads  # noqa: F401 (medusa, zero_heads: fixtures)
+from nanomars.compare.medusa import MedusaHeads
+from nanomars.compare.medusa import MedusaTree
+from nanomars.compare.tree import TreeLossless, best_tree
+from conftest import random_heads
 
 PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 SMALL_PROMPTS = [[1, 2, 3], [5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], [4, 4]]

@@ -7,19 +7,20 @@ import pytest
 import torch
 
 from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
-from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_paper_block
+from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode
+from nanomars.compare.block_cache import BlockCache, PaperBlockEngine, batch_paper_block
 from nanomars.decode import accept, cut
 from nanomars.masks import causal_mask
 
-CACHES = [dict(cache=None), dict(cache="request"), dict(cache="block", cache_block=4),
-          dict(cache="block", cache_block=8)]
+CACHES = [dict(cache=None), dict(cache="request"), dict(cache=BlockCache(4)),
+          dict(cache=BlockCache(8))]
 OPTIONS = [dict(align=True), dict(adaptive=True)]
 RANDOM_PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 SMALL_PROMPTS = [[1, 2, 3], [5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], [4, 4]]
 
 
 def cache_id(kw):
-    return f"{kw['cache']}{kw.get('cache_block', '')}"
+    return str(kw["cache"])
 
 
 def option_id(kw):
@@ -255,7 +256,7 @@ def test_adaptive_window_grows_back_to_b_and_waiting_rows_keep_theirs(tok, train
     """A window that shrank grows back to B. Under the block cache a row that waits accepts nothing, and
     its window does not move."""
     prompts = held_out_prompts(tok)[:4]
-    eng = BatchEngine(trained, prompts, 40, tok.mask_id, 4, 0.3, tok.stop_ids, cache="block", cache_block=8,
+    eng = BatchEngine(trained, prompts, 40, tok.mask_id, 4, 0.3, tok.stop_ids, cache=BlockCache(8),
                       adaptive=True)
     waited = False
     while not eng.done:
@@ -305,8 +306,7 @@ def test_paper_block_cache_holds_only_committed_blocks(tok, trained):
     """After each commit every row left (rows that took a stop token leave at the commit) has a cache
     length of its prompt plus the committed blocks, and K/V equal to a fresh prefill of those tokens."""
     prompts = held_out_prompts(tok)[:4]
-    eng = BatchEngine(trained, prompts, 40, tok.mask_id, 1, 0.6, tok.stop_ids, cache="paper_block",
-                      cache_block=8)
+    eng = PaperBlockEngine(trained, prompts, 40, tok.mask_id, 8, 0.6, tok.stop_ids)
     commits = 0
     while not eng.done:
         was_commit = eng.commit_next
@@ -323,9 +323,8 @@ def test_paper_block_cache_holds_only_committed_blocks(tok, trained):
 
 def test_bad_combinations_give_clear_errors():
     model = random_model()
-    for kw in (dict(align=True, adaptive=True), dict(align=True, cache="paper_block"),
-               dict(adaptive=True, lossless=True), dict(align=True, jacobi=True),
-               dict(cache="paper_block", lossless=True)):
+    for kw in (dict(align=True, adaptive=True), dict(adaptive=True, lossless=True),
+               dict(align=True, jacobi=True)):
         with pytest.raises(ValueError, match="use one at a time"):
             BatchEngine(model, [[1]], 4, 96, 4, **kw)
     with pytest.raises(ValueError, match="cache_block must be"):

@@ -17,7 +17,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 # is spelled digit by digit, which keeps arithmetic regular.
 QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
                 r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "data" / "tokenizer.tiktoken"
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "tokenizer.tiktoken"
 
 # -----------------------------------------------------------------------------
 # BPE training

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .cli import ArgumentParser, device_name, fail, nonneg_float, nonneg_int, positive_float, positive_int
-from .model import default_device
+from ..model import default_device
 
 
 SWITCH = argparse.BooleanOptionalAction  # --flag / --no-flag, so a preset's True can be undone (or False said)
@@ -18,7 +18,7 @@ def train_parser(doc):
                    "so flags on the command line win")
     p.add_argument("--stage", choices=["ar", "mars", "medusa"], default="ar", help="ar: stage 1; mars: stage 2; "
                    "medusa: a peer of stage 2, block_size-1 Medusa-1 heads trained on the frozen stage-1 model "
-                   "(nanomars/medusa.py)")
+                   "(nanomars/compare/medusa.py)")
     p.add_argument("--out_dir", default="out")
     p.add_argument("--init_from", default=None, help="stage ar: 'scratch' (default) or a Hugging Face folder; "
                    "stage mars: a .pt checkpoint (default out_dir/ar.pt) or a Hugging Face folder; stage medusa: "
@@ -42,7 +42,7 @@ def train_parser(doc):
                    help="stage mars: 'mars': noisy CE + alpha x clean CE (alpha 0 = the no-SFT ablation, plain); "
                    "'no_sft_released': that ablation as the released code ran it (noisy CE only, each sequence "
                    "weighted by 1/t, t ~ U(0.001, 1)); 'bd3lm': the paper's block-diffusion baseline as released "
-                   "(nanomars/block_diffusion.py); 'csbd': MARS's loss with the noisy stream bidirectional inside "
+                   "(nanomars/compare/block_diffusion.py); 'csbd': MARS's loss with the noisy stream bidirectional inside "
                    "a block (masks.block_diffusion_mask)")
     p.add_argument("--loss_norm", choices=["token", "sequence"], default="token",
                    help="'token': one mean over the batch's targets; 'sequence': each example's mean, then the "

@@ -1,12 +1,12 @@
 """A tiny random Hugging Face Qwen2 folder, built with transformers: the reference for the parity tests
-and for gpu_check.py's parity section. Nothing is downloaded."""
+and for tools/gpu_check.py's parity section. Nothing is downloaded."""
 import json
 import os
 
 import torch
 import transformers
 
-from nanomars.qwen import bytes_to_unicode
+from .qwen import bytes_to_unicode
 
 
 def tiny_hf_folder(folder, n_kv_head=2, tie=True, shard=False, seed=0):

@@ -34,15 +34,14 @@ decode.verify_draft does would not give AR's distribution; sampling needs a rule
 (recursive rejection, SpecInfer). Cost per row: N + (N+1)(B-1) fed tokens per forward.
 
 The verification (verify_tree) and the layout (with_masks, masks_after) serve other drafts too:
-stack.py hangs prompt lookup's chain on the masks' tree, and MedusaTree verifies the same kind of tree
-drawn from Medusa's heads (medusa.py) instead of the masks, so the two are compared like for like.
+stack.py hangs prompt lookup's chain on the masks' tree, and medusa.MedusaTree verifies the same kind of
+tree drawn from Medusa's heads instead of the masks, so the two are compared like for like.
 """
 import torch
 
-from .decode import next_tokens
-from .engine import PerRequestCache
-from .masks import tree_mask
-from .medusa import check_engine
+from ..decode import next_tokens
+from ..engine import PerRequestCache
+from ..masks import tree_mask
 
 
 def best_tree(logits, nodes, top_k):
@@ -161,40 +160,3 @@ class TreeLossless:
     def drop(self, keep):
         self.tokens, self.up = self.tokens[keep], self.up[keep]
 
-
-class MedusaTree:
-    """The same tree verification for Medusa's heads (medusa.py), greedy: exactly greedy AR of the base.
-    The tree is best_tree of the K heads' outputs (head k's top_k candidates at depth k) read at the kept
-    path's last node, where the base's output is the token just taken, so head k's token is the k-th
-    after it (MedusaHeads reads them there too, and keeps only their top-1 chain). Nothing but the
-    nodes is fed: the heads read the hidden state of a node already there. Nothing before the first
-    forward. nodes, top_k: as TreeLossless's. Runs with the per-request cache or none."""
-
-    def __init__(self, medusa, nodes=8, top_k=3):
-        if nodes < 1 or top_k < 1:
-            raise ValueError(f"need nodes >= 1 and top_k >= 1, got {nodes}, {top_k}")
-        K = medusa.n_heads
-        N = min(nodes, sum(top_k ** d for d in range(1, K + 1)))  # at most (fewer when V < top_k)
-        self.medusa, self.nodes, self.top_k = medusa, nodes, top_k
-        self.ahead, self.width = K + 1, 1 + N  # nodes reach depth K
-
-    def start(self, eng):
-        check_engine(eng, self.medusa)
-        check_policy(eng)
-        none = eng.pending.new_zeros(len(eng.active), 0)  # tokens (n, N) and parents (n, N)
-        self.tokens, self.up = none, none
-
-    def feed(self, eng):
-        self.parents = self.up if self.up.shape[1] else None  # a tree for the engine (none: nothing fed)
-        return self.tokens, torch.full_like(eng.n_pend, self.tokens.shape[1])
-
-    def accept(self, eng, out, waiting):
-        logits, h = out  # (n, width, V) the base's from the root on, (n, width, C) what the heads read
-        N = self.tokens.shape[1]
-        y, n_kept, end = verify_tree(eng, self.tokens, self.up, logits[:, :N + 1], self.medusa.n_heads)
-        last = h.gather(1, end[:, None, None].expand(-1, 1, h.shape[-1]))[:, 0]  # (n, C) at the path's end
-        self.tokens, self.up = best_tree(self.medusa.head_logits(last), self.nodes, self.top_k)
-        return y, n_kept + 1, n_kept, torch.full_like(n_kept, N + 1)
-
-    def drop(self, keep):
-        self.tokens, self.up = self.tokens[keep], self.up[keep]

@@ -1,7 +1,7 @@
 """
 One prepared GPU check, meant to be run once on a GPU (an H200: a few minutes in all):
-  python gpu_check.py                          # cuda, Qwen2.5-0.5B shape
-  python gpu_check.py --small --device cpu     # the same code on a tiny shape, in seconds (CI runs it)
+  python tools/gpu_check.py                          # cuda, Qwen2.5-0.5B shape
+  python tools/gpu_check.py --small --device cpu     # the same code on a tiny shape, in seconds (CI runs it)
 1. parity: a tiny random transformers Qwen2 vs our load_qwen, bf16 and float32 logits on the device, and
    greedy 32-token generations (HF generate vs our ar_decode and mars_decode at tau = 1). The token
    comparisons are exact in float32 only: in bf16 HF, AR and MARS feed different query widths, so their
@@ -17,6 +17,7 @@ MFU is measured against --peak_flops, by default the dense bf16 datasheet figure
 (PEAK_BF16_FLOPS); for a GPU not in that table MFU is reported as unknown unless --peak_flops is given.
 Prints a compact report and writes it as JSON to --out.
 """
+import sys
 import json
 import os
 import re
@@ -28,10 +29,13 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as python tools/gpu_check.py
+
 from nanomars.decode import ar_decode, mars_decode
 from nanomars.dual_track import IGNORE, ar_loss, collate, dual_track_loss
 from nanomars.masks import causal_mask, mars_train_mask
-from nanomars.cli import ArgumentParser, device_name, positive_float, run
+from nanomars.util.cli import ArgumentParser, device_name, positive_float, run
 from nanomars.model import Config, Decoder, rope_cos_sin
 
 BLOCK = 4
@@ -84,8 +88,8 @@ def parity(device, n_new=32):
         import transformers
     except ImportError:
         return {"skipped": "transformers is not installed"}
-    from nanomars.qwen import load_qwen
-    from tests.tiny_qwen import tiny_hf_folder  # the parity tests' tiny random Qwen2 folder
+    from nanomars.scale.qwen import load_qwen
+    from nanomars.scale.tiny_qwen import tiny_hf_folder  # the parity tests' tiny random Qwen2 folder
     transformers.utils.logging.disable_progress_bar()  # keep the report compact
     out = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -243,12 +247,12 @@ def decode(model, device, n_prompt=64, n_new=128, tau=0.95):
 
 # ------------------------------------------------------------------------------------- 4. fsdp
 def fsdp_train(config, device, batch, seq, peak_flops, unsharded_step_s, warmup=1, iters=2):
-    """The MARS step of section 2 on a model sharded by nanomars.distributed.shard, as train.py --fsdp does
+    """The MARS step of section 2 on a model sharded by nanomars.scale.distributed.shard, as train.py --fsdp does
     (CUDA: bf16 compute from fp32 master shards, fp32 gradient reduction; CPU: fp32 weights), over a
     one-process group: shows the sharded path runs here and what its hooks and casts cost (on several GPUs
     the all-gathers and reduce-scatters come on top)."""
     import torch.distributed as dist
-    from nanomars.distributed import shard
+    from nanomars.scale.distributed import shard
     own_group = not dist.is_initialized()
     if own_group:  # a group of one, its rendezvous in memory: no torchrun, no port
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,

@@ -1,5 +1,5 @@
 """
-What every command (train.py, sample.py, bench.py, evaluate.py, gpu_check.py) shares: bad input ends in ONE
+What every command (train.py, sample.py, tools/bench.py, tools/evaluate.py, tools/gpu_check.py) shares: bad input ends in ONE
 line starting "error:" and a non-zero exit, never a traceback. Numeric flags get a range-checked type, so
 argparse itself refuses 0 or -1 where they make no sense and names the flag.
 """

@@ -24,9 +24,9 @@ recomputes the whole sequence (a baseline, kept short).
 """
 import torch
 
-from .decode import Decoded, check_decode_args, cut
-from .dual_track import IGNORE, diffusion_times
-from .masks import bd3lm_mask, block_diffusion_mask
+from ..decode import Decoded, check_decode_args, cut
+from ..dual_track import IGNORE, diffusion_times
+from ..masks import bd3lm_mask, block_diffusion_mask
 
 
 def block_diffusion_loss(model, x, response, targets, block_size, mask_id, generator, loss_norm="sequence"):

@@ -1,17 +1,17 @@
 """
 Batched decoding speed, side by side: MARS and its peers on the held-out prompts of a trained model:
-  python bench.py             # batch sizes 1 4 8 16, every strategy: a few minutes on an idle CPU
-  python bench.py --quick     # a smoke run, seconds
-  python bench.py --ckpt path/to/hf_folder --data my.jsonl --device cuda --dtype bfloat16   # your model, data
+  python tools/bench.py             # batch sizes 1 4 8 16, every strategy: a few minutes on an idle CPU
+  python tools/bench.py --quick     # a smoke run, seconds
+  python tools/bench.py --ckpt path/to/hf_folder --data my.jsonl --device cuda --dtype bfloat16   # your model, data
 Strategies: AR with KV cache (the baseline), MARS without a cache, MARS with nanoMARS's block-level
 cache (B_cache 4/8/16/32: the commit rides on the next forward), MARS with per-request caches, Jacobi
 decoding (greedy, exact; the same checkpoint decoded as the plain AR model it still is: no mask token is
 ever fed), and, all with per-request caches unless said: lossless MARS (the masks draft, AR verifies:
-AR's own tokens), lossless MARS verifying a tree of the masks' top choices (nanomars/tree.py; N nodes,
+AR's own tokens), lossless MARS verifying a tree of the masks' top choices (nanomars/compare/tree.py; N nodes,
 top k per depth), adaptive windows and aligned windows (nanomars/strategies.py), and the paper's
 released block-cache sampler ("Paper block B_cache": the window is the rest of the B_cache-token block,
 one extra forward commits each block, rows fill their block past the stop token).
-MARS's peers (nanomars/peers.py, nanomars/medusa.py), each verified by the target model unless said:
+MARS's peers (nanomars/compare/speculative.py, nanomars/compare/medusa.py), each verified by the target model unless said:
 prompt lookup decoding (drafts copied from earlier text, no training), speculative decoding with a small
 draft model (--draft: an AR model trained by train.py, see peers.py; its own forwards and seconds are
 reported below the table and its seconds are part of its wall clock), and Medusa-1 heads (--medusa:
@@ -34,6 +34,7 @@ measures it).
 Each batch of prompts is decoded by every strategy in turn, so machine noise hits all of them alike.
 Writes the table as JSON and a plot of xAR against batch size.
 """
+import sys
 import json
 import os
 import time
@@ -41,18 +42,22 @@ from functools import partial
 
 import torch
 
-from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, batch_lossless, batch_paper_block
-from nanomars.checkpoint import load_model
-from nanomars.cli import ArgumentParser, device_name, dtype_name, fail, nonneg_int, positive_int, tau_float
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as python tools/bench.py
+
+from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, batch_lossless
+from nanomars.util.checkpoint import load_model
+from nanomars.util.cli import ArgumentParser, device_name, dtype_name, fail, nonneg_int, positive_int, tau_float
 from nanomars.decode import check_decode_args
 from nanomars.engine import Engine, PerRequestCache, forward_window
-from nanomars.medusa import MedusaGate, MedusaHeads, load_medusa
+from nanomars.compare.block_cache import BlockCache, batch_paper_block
+from nanomars.compare.medusa import MedusaGate, MedusaHeads, MedusaTree, load_medusa
 from nanomars.model import KVCache
-from nanomars.peers import DraftModel, PromptLookup
-from nanomars.progress import Progress
-from nanomars.tasks import FAMILIES, TEST_PER_FAMILY, held_out_split, load_checker, prompt_messages, read_jsonl, score
-from nanomars.stack import StackedTree
-from nanomars.tree import MedusaTree, TreeLossless
+from nanomars.compare.speculative import DraftModel, PromptLookup
+from nanomars.util.progress import Progress
+from nanomars.util.tasks import FAMILIES, TEST_PER_FAMILY, held_out_split, load_checker, prompt_messages, read_jsonl, score
+from nanomars.compare.stack import StackedTree
+from nanomars.compare.tree import TreeLossless
 
 TOKENS_PER_FORWARD = ("tok/fwd = generated tokens up to the stop token / forwards of the target model, the "
                       "verifier's own token included (draft-model forwards not counted: see below)")
@@ -61,7 +66,7 @@ TREES = ((4, 2), (8, 3), (16, 3))  # tree lossless MARS: (nodes, top k per depth
 p = ArgumentParser(__doc__)
 p.add_argument("--ckpt", default="out/mars.pt", help="a nanoMARS checkpoint or a Hugging Face folder")
 p.add_argument("--draft", default="out/draft/ar.pt", help="the draft model's checkpoint (train.py --stage ar, "
-               "small; nanomars/peers.py); 'none': no draft-model row")
+               "small; nanomars/compare/speculative.py); 'none': no draft-model row")
 p.add_argument("--medusa", default="out/medusa.pt", help="Medusa heads (train.py --stage medusa); 'none': no "
                "Medusa rows")
 p.add_argument("--tau", type=tau_float, default=0.95, help="MARS's and the Medusa gate's threshold")
@@ -145,7 +150,7 @@ def draft_rows(path):
     if path == "none":
         return {}, None
     if not os.path.exists(path):
-        return {}, f"Draft model: skipped, no {path} (train it: see nanomars/peers.py)"
+        return {}, f"Draft model: skipped, no {path} (train it: see nanomars/compare/speculative.py)"
     draft, draft_tok, _, ckpt = load_model(path, args.device, args.dtype)
     if not same_tokenizer(draft_tok) or draft.config.vocab_size != model.config.vocab_size:
         return {}, f"Draft model: skipped, {path} was trained with another tokenizer than {args.ckpt}"
@@ -189,7 +194,7 @@ except (ValueError, FileNotFoundError) as e:
 strategies = {
     "AR+cache": row(partial(batch_ar, model, stop_ids=tok.stop_ids), "none", True, ahead=1),
     "MARS no cache": row(partial(mars, cache=None), "stage 2", gated),
-    **{f"MARS block {c}": row(partial(mars, cache="block", cache_block=c), "stage 2", gated) for c in (4, 8, 16, 32)},
+    **{f"MARS block {c}": row(partial(mars, cache=BlockCache(c)), "stage 2", gated) for c in (4, 8, 16, 32)},
     "MARS per-request": row(partial(mars, cache="request"), "stage 2", gated),
     "Jacobi": row(partial(batch_jacobi, model, window=B, stop_ids=tok.stop_ids), "none", True),
     "Lossless MARS": row(partial(batch_lossless, model, mask_id=tok.mask_id, block_size=B, stop_ids=tok.stop_ids),

@@ -36,8 +36,8 @@ import time
 
 import torch
 
-from .engine import Engine, first_stop, forward_window, splice
-from .strategies import MarsGate
+from ..engine import Engine, first_stop, forward_window, splice
+from ..strategies import MarsGate
 
 
 class BlockCache:
@@ -49,6 +49,9 @@ class BlockCache:
         if cache_block < 1:
             raise ValueError(f"cache_block must be >= 1, got {cache_block}")
         self.cache_block, self.room = cache_block, cache_block
+
+    def __repr__(self):
+        return f"BlockCache({self.cache_block})"
 
     def waiting(self, eng):
         none = torch.zeros_like(eng.n_pend, dtype=torch.bool)
@@ -135,3 +138,10 @@ class PaperBlockEngine(Engine):
     def drop(self, keep):
         super().drop(keep)
         self.stopped, self.before = self.stopped[keep], self.before[keep]
+
+
+def batch_paper_block(model, prompts, max_new_tokens, mask_id, cache_block=32, tau=0.95, stop_ids=(), **kw):
+    """MARS with the released block sampler: windows are the rest of the current cache_block-token block,
+    one extra forward commits each block. out.tokens_per_forward counts up to the stop token,
+    out.paper_tokens_per_forward as the paper does. kw: metric, temperature, top_k, seed."""
+    return PaperBlockEngine(model, prompts, max_new_tokens, mask_id, cache_block, tau, stop_ids, **kw).run()

@@ -12,9 +12,9 @@ AR's own prediction and is never counted.
 """
 import torch
 
-from .batch_decode import batch_ar
-from .engine import PAD, forward_window
-from .decode import gate, n_accepted, propose
+from ..batch_decode import batch_ar
+from ..engine import PAD, forward_window
+from ..decode import gate, n_accepted, propose
 
 
 @torch.no_grad()

@@ -21,10 +21,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .decode import next_tokens, sample, sampling_dist, verify_draft
-from .engine import forward_window, splice
-from .model import KVCache
-from .strategies import check_sampling, generator
+from ..decode import next_tokens, sample, sampling_dist, verify_draft
+from ..engine import forward_window, splice
+from ..model import KVCache
+from ..strategies import check_sampling, generator
 
 
 class Verified:

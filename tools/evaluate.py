@@ -1,20 +1,25 @@
 """
 Held-out accuracy per task family, decoded by AR and by MARS at several tau, on the same prompts:
-  python evaluate.py --ckpt out/mars.pt --taus 1 0.95 0.9 0.7 --ar
+  python tools/evaluate.py --ckpt out/mars.pt --taus 1 0.95 0.9 0.7 --ar
 On a Hugging Face folder (a Qwen2.5 or a released MARS checkpoint, with its own tokenizer) and your data:
-  python evaluate.py --ckpt path/to/folder --data my.jsonl --check my_checks.py:is_right --device cuda
+  python tools/evaluate.py --ckpt path/to/folder --data my.jsonl --check my_checks.py:is_right --device cuda
 evaluate() is also what the notebooks call.
 """
+import os
+import sys
 import time
 
 import torch
 
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as python tools/evaluate.py
+
 from nanomars.batch_decode import batch_decode
-from nanomars.checkpoint import load_model
-from nanomars.cli import ArgumentParser, device_name, dtype_name, positive_int, run, tau_float
+from nanomars.util.checkpoint import load_model
+from nanomars.util.cli import ArgumentParser, device_name, dtype_name, positive_int, run, tau_float
 from nanomars.decode import ar_decode, mars_decode
-from nanomars.progress import Progress
-from nanomars.tasks import check, held_out_split, load_checker, prompt_messages, read_jsonl, score
+from nanomars.util.progress import Progress
+from nanomars.util.tasks import check, held_out_split, load_checker, prompt_messages, read_jsonl, score
 
 
 def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64, checker=check, progress=None,
@@ -22,7 +27,7 @@ def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64, ch
     """Decode the user turn of every example (AR when tau is None, else MARS at tau); returns
     {"accuracy": {family: frac, ..., "all": frac}, "tokens_per_forward", "tokens", "forwards", "seconds"}.
     checker(example, response) -> bool (default: the suite's checkers, exact match for other examples).
-    progress: a nanomars.progress.Progress, advanced by one per example.
+    progress: a nanomars.util.progress.Progress, advanced by one per example.
     options: the batch engine's MARS windows (align=True, adaptive=True, lossless=True, cache=...), still
     one prompt at a time."""
     rows = []

@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .checkpoint import load_model, save_checkpoint
-from .cli import fail
-from .model import Config, Decoder
+from ..util.checkpoint import load_model, save_checkpoint
+from ..util.cli import fail
+from ..model import Config, Decoder
 from .qwen import load_qwen_tokenizer, save_qwen
-from .tokenizer import load_default_tokenizer
+from ..util.tokenizer import load_default_tokenizer
 
 
 # -------------------------------------------------------------------------------------------- processes

@@ -24,8 +24,8 @@ tokens kept on the chain's own nodes: what lookup added to the masks' tree.
 """
 import torch
 
-from .engine import splice
-from .peers import lookup
+from ..engine import splice
+from .speculative import lookup
 from .tree import TreeLossless, best_tree, masks_after, verify_tree, with_masks
 
 

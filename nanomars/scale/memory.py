@@ -1,8 +1,8 @@
 """
 Per-GPU memory of MARS training, from the model's shape alone: which Qwen2.5 size trains on which card.
-  python -m nanomars.memory        # prints the README's table
+  python -m nanomars.scale.memory        # prints the README's table
 """
-from .model import Config
+from ..model import Config
 
 GiB = 2 ** 30
 PAPER_MODELS = {  # Qwen2.5 shapes, from each model's config.json (all have q/k/v biases)

@@ -1,5 +1,5 @@
 """
-Progress of long work (bench.py, evaluate.py, the experiment runners) on stderr, so stdout keeps only
+Progress of long work (tools/bench.py, tools/evaluate.py, the experiment runners) on stderr, so stdout keeps only
 the results: done / total, what runs now, time elapsed and an estimate of the rest (a straight line
 through the rate so far). On a terminal it is one line redrawn in place; in a log file or a notebook it is
 a plain line at the start, then each time another tenth of the work is done (but not within seconds of

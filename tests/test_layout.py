@@ -1,0 +1,72 @@
+"""The layout is the first documentation: nanomars/ holds the method, read in order, and imports none of its
+subpackages (compare/, scale/, util/) in any import form; every subpackage says who reads it."""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READING_ORDER = ["masks", "model", "dual_track", "decode", "engine", "strategies", "batch_decode"]
+SUBPACKAGES = ["compare", "scale", "util"]
+
+
+def imported_modules(source, package):
+    """Every module a source names in an import, absolute, whatever the form: `import a.b`, `from a.b import
+    c` (a.b and a.b.c: c may be a module), `from . import c`, `from ..a import b`. package: the dotted
+    package the source's file sits in, for relative imports."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = parts[:len(parts) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.add(module)
+            found |= {f"{module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def core_imports(name):
+    with open(os.path.join(ROOT, "nanomars", f"{name}.py")) as f:
+        return imported_modules(f.read(), "nanomars")
+
+
+def names_under(modules, prefix):
+    return {m for m in modules if m == prefix or m.startswith(prefix + ".")}
+
+
+@pytest.mark.parametrize("source, package, expected", [
+    ("import nanomars.compare.tree", "nanomars", "nanomars.compare"),
+    ("import nanomars.compare.tree as t", "nanomars", "nanomars.compare"),
+    ("from nanomars.compare import tree", "nanomars", "nanomars.compare"),
+    ("from nanomars import compare", "nanomars", "nanomars.compare"),
+    ("from . import compare", "nanomars", "nanomars.compare"),
+    ("from .compare.tree import best_tree", "nanomars", "nanomars.compare"),
+    ("from ..compare import tree", "nanomars.util", "nanomars.compare"),
+    ("def f():\n    from .scale import qwen", "nanomars", "nanomars.scale"),
+    ("from .engine import splice", "nanomars", "nanomars.engine"),
+])
+def test_the_import_reader_sees_every_form(source, package, expected):
+    assert names_under(imported_modules(source, package), expected)
+
+
+def test_the_core_imports_no_subpackage():
+    for name in READING_ORDER:
+        for sub in SUBPACKAGES:
+            assert not names_under(core_imports(name), f"nanomars.{sub}"), (name, sub)
+
+
+def test_the_reading_path_never_imports_forward():
+    for i, name in enumerate(READING_ORDER):
+        for later in READING_ORDER[i + 1:]:
+            assert not names_under(core_imports(name), f"nanomars.{later}"), (name, later)
+
+
+def test_the_core_is_the_reading_order_and_each_subpackage_says_who_reads_it():
+    core = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "nanomars")) if f.endswith(".py"))
+    assert core == sorted(READING_ORDER + ["__init__"])
+    for sub in SUBPACKAGES:
+        with open(os.path.join(ROOT, "nanomars", sub, "__init__.py")) as f:
+            doc = ast.get_docstring(ast.parse(f.read()))
+        assert doc and "read" in doc, sub  # who reads it, in words
