@@ -190,7 +190,7 @@ def mars_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, 
         # logits only for the window (B, V): the last real token's output, then each mask's
         window = model(torch.tensor([fed], device=dev), slots, mask, cache, slots,
                        keep=slice(len(pending) - 1, None))[0]
-        cache.lengths += len(pending)  # keep real tokens' K/V only; the masks' fall beyond the length
+        cache.advance(len(pending))  # keep real tokens' K/V only; the masks' fall beyond the length
         span, stopped = cut(accept(window, tau), max_new_tokens - len(out.tokens), stop_ids)
         out.spans.append(span)
         out.tokens += span
@@ -272,7 +272,7 @@ def lossless_decode(model, prompt, max_new_tokens, mask_id, block_size=4, stop_i
         span = draft[:kept] + [y[kept]]
         draft = y[D + 1:] if kept == D else []
         if use_cache:
-            cache.lengths += len(pending) + kept
+            cache.advance(len(pending) + kept)
             pending = [y[kept]]
         else:
             pending = pending + span

@@ -185,7 +185,7 @@ class Engine:
         finished = hit | (self.generated + n_acc >= self.max_new)
         commit = self.policy.commit(self, torch.minimum(n_verified, n_acc))
         if self.cache is not None:
-            self.cache.lengths += commit  # real tokens only; the rest falls beyond the length
+            self.cache.advance(commit)  # real tokens only; the rest falls beyond the length
         self.pending, self.n_pend = splice(self.pending, self.n_pend, y, n_acc, skip=commit)
         self.generated = self.generated + n_acc
         spans, any_finished = self.record(y, n_acc, offered, finished)
@@ -213,8 +213,7 @@ class Engine:
         self.active, self.pending, self.n_pend = self.active[keep], self.pending[keep], self.n_pend[keep]
         self.generated = self.generated[keep]
         if self.cache is not None:
-            c = self.cache
-            c.k, c.v, c.lengths = c.k[:, keep], c.v[:, keep], c.lengths[keep]
+            self.cache.keep_rows(keep)
         self.strategy.drop(keep)
 
     def run(self, on_step=None):

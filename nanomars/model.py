@@ -89,7 +89,8 @@ def rope_cos_sin(pos, inv_freq, dtype):
 class KVCache:
     """Per-layer K/V buffers (n_layer, N, n_kv_head, max_len, head_dim) plus each row's length.
     `lengths[b]` counts the slots of row b that hold K/V of REAL tokens; the decoder advances it.
-    Anything written beyond it (e.g. K/V of mask tokens) is masked out and overwritten later."""
+    Anything written beyond it (e.g. K/V of mask tokens) is masked out and overwritten later.
+    The model writes K/V (update); everything else changes the cache through the methods below."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
         hs = config.n_embd // config.n_head
@@ -106,6 +107,26 @@ class KVCache:
         self.k[layer].scatter_(2, idx, k.to(self.k.dtype))
         self.v[layer].scatter_(2, idx, v.to(self.v.dtype))
         return self.k[layer, :, :, :n_keys], self.v[layer, :, :, :n_keys]
+
+    def advance(self, n):
+        """Each row's length grows by n (N,) or int: the K/V just written there are real tokens'."""
+        self.lengths += n
+
+    def roll_back(self, lengths):
+        """Each row keeps at most lengths (N,) slots; what lies past them is stale (masked, overwritten)."""
+        self.lengths = torch.minimum(self.lengths, lengths)
+
+    def keep_rows(self, keep):
+        """Only rows `keep` ((N,) bool or indices) stay: finished rows leave the batch."""
+        self.k, self.v, self.lengths = self.k[:, keep], self.v[:, keep], self.lengths[keep]
+
+    def move(self, src, dst):
+        """Copy each row's K/V from slots src (N, D) to slots dst (N, D), every layer and head (all are read
+        before any is written)."""
+        L, N, H, _, hs = self.k.shape
+        at = lambda s: s[None, :, None, :, None].expand(L, N, H, s.shape[1], hs)  # noqa: E731
+        for buf in (self.k, self.v):
+            buf.scatter_(3, at(dst), buf.gather(3, at(src)))
 
 
 class Attention(nn.Module):

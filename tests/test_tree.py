@@ -159,10 +159,10 @@ def test_cache_holds_only_the_accepted_paths(tok, trained, monkeypatch):
 
     def recording_move(cache, src, dst):
         moves.append(bool((src != dst).any()))
-        return move_kv(cache, src, dst)
+        return move(cache, src, dst)
 
-    move_kv = tree_module.move_kv
-    monkeypatch.setattr(tree_module, "move_kv", recording_move)
+    move = KVCache.move
+    monkeypatch.setattr(KVCache, "move", recording_move)
     prompts = held_out_prompts(tok)[:5]
     eng = Engine(trained, prompts, 40, TreeLossless(tok.mask_id, 4), tok.stop_ids, PerRequestCache())
     for _ in range(10):

@@ -120,7 +120,7 @@ class PaperBlockEngine(Engine):
         size = min(self.policy.cache_block, self.max_new - self.base)
         self.before = forward_window(self.model, self.pending, self.start, self.n_pend, 1, self.cache)[:, 0]
         self.out.forwards += 1
-        self.cache.lengths += self.n_pend
+        self.cache.advance(self.n_pend)
         self.pending, self.n_pend = self.pending[:, :1], torch.zeros_like(self.n_pend)
         if not first:
             self.base += size

@@ -126,7 +126,7 @@ class DraftModel(Verified):
         drafts, qs = [], []
         for _ in range(self.k):
             logits = forward_window(self.model, x, c.lengths, n_new, 1, c)[:, 0]  # (n, V) the next token's
-            c.lengths += n_new  # real tokens: the known ones, then the draft's (rolled back in accept)
+            c.advance(n_new)  # real tokens: the known ones, then the draft's (rolled back in accept)
             if self.temperature == 0:
                 d = next_tokens(logits)
             else:
@@ -144,10 +144,9 @@ class DraftModel(Verified):
         out = super().accept(eng, logits, waiting)
         # the draft cache holds the known tokens, then d_1..d_(k-1): roll it back to the row's known
         # tokens, all but the last (the next feed starts from it; a waiting row re-feeds its last token)
-        self.cache.lengths = torch.minimum(self.cache.lengths, self.n_known - 1)
+        self.cache.roll_back(self.n_known - 1)
         return out
 
     def drop(self, keep):
         super().drop(keep)
-        c = self.cache
-        c.k, c.v, c.lengths = c.k[:, keep], c.v[:, keep], c.lengths[keep]
+        self.cache.keep_rows(keep)

@@ -67,15 +67,6 @@ def best_tree(logits, nodes, top_k):
     return toks.gather(1, pick), torch.where(up < 0, -1, torch.searchsorted(pick, up.clamp(min=0)))
 
 
-def move_kv(cache, src, dst):
-    """Copy each row's K/V from slots src (n, D) to slots dst (n, D), every layer and head (all are read
-    before any is written)."""
-    L, n, H, _, hs = cache.k.shape
-    for buf in (cache.k, cache.v):
-        at = lambda s: s[None, :, None, :, None].expand(L, n, H, s.shape[1], hs)  # noqa: E731
-        buf.scatter_(3, at(dst), buf.gather(3, at(src)))
-
-
 def verify_tree(eng, tokens, up, logits, D, valid=None):
     """Greedy verification of a tree fed right after the pending tokens (module docstring): tokens, up
     (n, N) its nodes and their parents (parents first, siblings different); logits (n, 1+N, V) AR's at
@@ -99,7 +90,7 @@ def verify_tree(eng, tokens, up, logits, D, valid=None):
     y = y.scatter(1, n_kept[:, None], ar.gather(1, end[:, None]))  # then AR's own next token
     if eng.cache is not None:  # the kept nodes' K/V to the slots after the pending tokens, in order
         first, d = (eng.start + eng.n_pend)[:, None], j[:cols.shape[1]]
-        move_kv(eng.cache, first + torch.where(d < n_kept[:, None], cols, d), first + d)
+        eng.cache.move(first + torch.where(d < n_kept[:, None], cols, d), first + d)
     return y, n_kept, end
 
 
