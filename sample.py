@@ -5,28 +5,23 @@ Decode with a trained model and SEE which tokens each forward accepted together:
   python sample.py --taus 1 0.95 0.7                              # one batch, each row its own tau
   python sample.py --temperature 0.8 --top_k 20 --seed 1          # sampled, reproducible
   python sample.py --ckpt path/to/Qwen2.5-0.5B-Instruct --device cuda --prompt "..."
---ckpt takes a nanoMARS checkpoint or a Hugging Face Qwen2.5 / MARS folder. One prompt is decoded by the
-plain cached decoder (nanomars/decode.py, mars_decode); several --prompt flags, --taus or sampling use the
-batch engine (nanomars/engine.py: one batch, per-request KV caches, no row waits for another). Spans are
-marked with alternating colours on a terminal, [brackets] otherwise (or with --brackets).
+--ckpt takes a nanoMARS checkpoint or a Hugging Face Qwen2.5 / MARS folder. The prompts are decoded as one
+batch by the engine (nanomars/batch_decode.py: per-request KV caches, no row waits for another); one
+prompt is a batch of one. Spans are marked with alternating colours on a terminal, [brackets] otherwise
+(or with --brackets).
 """
 import sys
 
 import torch
 
-from nanomars.batch_decode import BatchDecoded, batch_ar, batch_decode
+from nanomars.batch_decode import batch_ar, batch_decode
+from nanomars.decode import show_spans
+from nanomars.model import default_device
 from nanomars.util.checkpoint import load_model
 from nanomars.util.cli import ArgumentParser, device_name, dtype_name, nonneg_float, positive_int, run, tau_float
-from nanomars.decode import ar_decode, mars_decode, show_spans
-from nanomars.model import default_device
 
 DEFAULT_PROMPT = "Tom has 7 apples and buys 5 more, then gives away 3. How many apples does he have?"
 SHORT = 32  # generated tokens below which fixed costs (the prompt's forward, Python) decide a speed ratio
-
-
-def as_batch(row):
-    """One decode.Decoded as a batch of one, so one prompt and several print alike."""
-    return BatchDecoded(rows=[row], forwards=row.forwards, seconds=row.seconds)
 
 
 def per_row_tau(model, tok, prompt, taus, block_size, max_new_tokens, color):
@@ -67,16 +62,10 @@ def main():
     if args.taus:
         return per_row_tau(model, tok, prompts[0], args.taus, block_size, args.max_new_tokens, color)
     ids = [tok.prompt_ids(prompt) for prompt in prompts]
-    if len(ids) == 1 and args.temperature == 0:  # one greedy answer: the plain single-sequence decoders
-        use_cache = cache is not None
-        mars = lambda n: as_batch(mars_decode(model, ids[0], n, tok.mask_id, block_size, args.tau, tok.stop_ids,
-                                              use_cache))
-        ar = lambda n: as_batch(ar_decode(model, ids[0], n, tok.stop_ids, use_cache))
-    else:
-        sampling = dict(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-        mars = lambda n: batch_decode(model, ids, n, tok.mask_id, block_size, args.tau, tok.stop_ids,
-                                      cache=cache, **sampling)
-        ar = lambda n: batch_ar(model, ids, n, tok.stop_ids, cache, **sampling)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    mars = lambda n: batch_decode(model, ids, n, tok.mask_id, block_size, args.tau, tok.stop_ids, cache=cache,
+                                  **sampling)
+    ar = lambda n: batch_ar(model, ids, n, tok.stop_ids, cache, **sampling)
     if args.compare_ar:  # first calls pay for allocations and kernel choice: keep that out of the timing
         mars(4), ar(4)
     out = mars(args.max_new_tokens)

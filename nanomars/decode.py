@@ -8,7 +8,7 @@ Decoding one sequence (docs/mars.md, "Decoding" and "Caches"). Read top to botto
 3. mars_decode: the same with the KV cache (model.KVCache). Only real tokens' K/V are kept: each step
    feeds [tokens accepted last step | B-1 masks] and advances the cache length over the real tokens
    only, so the masks' K/V sit beyond the length (hidden, overwritten next step) and every accepted token
-   is recomputed with its real id; ar_decode is it with no masks;
+   is recomputed with its real id; ar_decode, the AR baseline, feeds no masks and takes the argmax;
 4. lossless MARS (lossless_decode): the masks' proposals are only a draft, fed as real tokens by the
    next forward, whose outputs at them are AR's own predictions; the draft's prefix AR agrees with is
    kept (speculative decoding, verify_draft), so the output is AR's for any model.
@@ -170,14 +170,9 @@ def mars_decode_plain(model, prompt, max_new_tokens, mask_id, block_size=4, tau=
 
 
 @torch.no_grad()
-def mars_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, stop_ids=(), use_cache=True,
-                lossless=False):
+def mars_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, stop_ids=()):
     """mars_decode_plain with a KV cache: the same tokens and spans, each forward computing only the new
-    tokens. use_cache=False is mars_decode_plain. lossless=True is lossless_decode (tau is not used)."""
-    if lossless:
-        return lossless_decode(model, prompt, max_new_tokens, mask_id, block_size, stop_ids, use_cache)
-    if not use_cache:
-        return mars_decode_plain(model, prompt, max_new_tokens, mask_id, block_size, tau, stop_ids)
+    tokens."""
     check_decode_args(model, prompt, max_new_tokens, block_size, tau)
     t0, out, dev = time.perf_counter(), Decoded(), model.embed.weight.device
     cache = KVCache(model.config, 1, len(prompt) + max_new_tokens + block_size - 1, dev, model.embed.weight.dtype)
@@ -201,11 +196,31 @@ def mars_decode(model, prompt, max_new_tokens, mask_id, block_size=4, tau=0.95, 
     return out
 
 
+@torch.no_grad()
 def ar_decode(model, prompt, max_new_tokens, stop_ids=(), use_cache=True):
-    """Greedy AR decoding: the MARS window with no masks (block_size 1) keeps exactly the argmax of each
-    forward. The baseline that MARS at tau = 1 must equal token for token."""
-    return mars_decode(model, prompt, max_new_tokens, mask_id=None, block_size=1, tau=1.0,
-                       stop_ids=stop_ids, use_cache=use_cache)
+    """Greedy AR, the baseline (the engine's strategies.AR for one sequence): one forward per token, which
+    takes next_tokens' argmax. MARS at tau = 1 must equal it token for token. use_cache=False recomputes
+    the whole sequence every forward."""
+    check_decode_args(model, prompt, max_new_tokens)
+    t0, out, dev = time.perf_counter(), Decoded(), model.embed.weight.device
+    cache = KVCache(model.config, 1, len(prompt) + max_new_tokens, dev, model.embed.weight.dtype) if use_cache else None
+    known, n_cached = list(prompt), 0  # every token so far; those whose K/V the cache holds
+    while len(out.tokens) < max_new_tokens:
+        fed = known[n_cached:]
+        slots = n_cached + torch.arange(len(fed), device=dev)[None]  # (1, T): also the positions
+        mask = decode_mask(torch.tensor([n_cached], device=dev), len(fed), len(known))
+        logits = model(torch.tensor([fed], device=dev), slots, mask, cache, slots, keep=slice(-1, None))[0, 0]
+        if use_cache:
+            cache.advance(len(fed))
+            n_cached = len(known)
+        span, stopped = cut([int(next_tokens(logits))], 1, stop_ids)
+        out.spans.append(span)
+        out.tokens += span
+        known += span
+        if stopped:
+            break
+    out.seconds = time.perf_counter() - t0
+    return out
 
 # -----------------------------------------------------------------------------
 # lossless MARS: verifying a draft
@@ -266,11 +281,12 @@ def lossless_decode(model, prompt, max_new_tokens, mask_id, block_size=4, stop_i
         # (D + B, V): AR's outputs for the D draft positions and one more, then the masks'
         logits = model(torch.tensor([fed], device=dev), slots, mask, cache, slots,
                        keep=slice(len(pending) - 1, None))[0]
-        y = next_tokens(logits).tolist()
         D = len(draft)
-        kept = next((i for i in range(D) if draft[i] != y[i]), D)
+        y, kept = verify_draft(torch.tensor(draft, dtype=torch.long, device=dev), torch.tensor(D, device=dev),
+                               logits[:D + 1])  # AR's tokens (D+1,), how many of the draft it agrees with
+        y, kept = y.tolist(), int(kept)
         span = draft[:kept] + [y[kept]]
-        draft = y[D + 1:] if kept == D else []
+        draft = next_tokens(logits[D + 1:]).tolist() if kept == D else []  # the masks' proposals
         if use_cache:
             cache.advance(len(pending) + kept)
             pending = [y[kept]]

@@ -248,7 +248,7 @@ class Decoder(nn.Module):
         self.inv_freq = self.rope_inv_freq().to(self.inv_freq.device)
         return self
 
-    def forward(self, idx, pos, mask, cache=None, slots=None, keep=None, targets=None, hidden=False):
+    def forward(self, idx, pos, mask, cache=None, slots=None, keep=None, targets=None):
         """idx, pos: (N, T) token and position ids; mask: (N, T, S) or (T, S) bool, True = query t may
         attend key s, where the keys are the T inputs themselves (S = T) or, with a cache, its first S
         slots after this step's K/V were written at `slots` (N, T). Returns float32 logits (N, T, V).
@@ -258,10 +258,16 @@ class Decoder(nn.Module):
         tensor, positions per row: (N, k, V); an (N, T) bool tensor: (K, V), the True ones in row-major
         order. targets: (K,) token ids, one per kept output: returns their float32 cross-entropies (K,)
         instead of logits, computed chunk by chunk (chunked_cross_entropy), as training needs.
-        hidden=True: returns the final-norm outputs at the kept positions instead, (N, k, C) or (K, C): what
-        the lm_head reads, and what Medusa's heads (medusa.py) read.
         Positions are not checked here (that would stall a GPU on every call): the decoders check the
         prompt against max_seq_len before they start, train.py drops examples longer than the context."""
+        x = self.hidden(idx, pos, mask, cache, slots, keep)
+        if targets is not None:
+            return chunked_cross_entropy(x, self.lm_head.weight, targets, self.loss_chunk)  # (K,)
+        return self.lm_head(x).float()  # (..., V)
+
+    def hidden(self, idx, pos, mask, cache=None, slots=None, keep=None):
+        """forward's final-norm outputs at the kept positions, (N, k, C) or (K, C): what the lm_head reads
+        (and what Medusa's heads read, compare/medusa.py)."""
         if idx.shape != pos.shape:
             raise ValueError(f"idx {tuple(idx.shape)} and pos {tuple(pos.shape)} must have the same shape")
         x = self.embed(idx)  # (N, T, C)
@@ -277,12 +283,7 @@ class Decoder(nn.Module):
             x = x.gather(1, keep[..., None].expand(-1, -1, x.shape[-1]))  # (N, k, C)
         elif keep is not None:
             x = x[:, keep]  # (N, k, C)
-        x = self.norm(x)  # per output, so selecting first changes nothing
-        if hidden:
-            return x
-        if targets is not None:
-            return chunked_cross_entropy(x, self.lm_head.weight, targets, self.loss_chunk)  # (K,)
-        return self.lm_head(x).float()  # (..., V)
+        return self.norm(x)  # per output, so selecting first changes nothing
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once

@@ -5,7 +5,9 @@ import torch
 
 from conftest import assert_cache_is_a_fresh_prefill, constant_model, held_out_prompts, random_model
 from nanomars.compare.block_cache import BlockCache
-from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_jacobi, splice
+from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, mars_engine, splice
+from nanomars.engine import Engine
+from nanomars.strategies import AR
 from nanomars.decode import ar_decode, gate, mars_decode, propose
 from nanomars.masks import causal_mask
 
@@ -85,7 +87,7 @@ def test_cache_holds_only_real_tokens(tok, trained):
     no mask K/V was kept, and the length counts exactly the committed tokens."""
     prompts = held_out_prompts(tok)[:4]
     for kw in STRATEGIES[1:]:
-        eng = BatchEngine(trained, prompts, 40, tok.mask_id, 4, 0.7, tok.stop_ids, **kw)
+        eng = mars_engine(trained, prompts, 40, tok.mask_id, 4, 0.7, tok.stop_ids, **kw)
         for _ in range(6):
             eng.step()
             for i, row in enumerate(eng.active.tolist()):
@@ -101,11 +103,11 @@ def test_per_row_tau_is_a_real_time_knob(tok, trained):
     assert out.rows[0].tokens == ar.tokens and out.rows[0].forwards == ar.forwards
     assert max(len(s) for s in out.rows[1].spans) > 1
     # changed between steps: row 1 goes back to one token per forward from step 3 on
-    eng = BatchEngine(trained, [prompt, prompt], 48, tok.mask_id, 4, [0.5, 0.5], tok.stop_ids)
+    eng = mars_engine(trained, [prompt, prompt], 48, tok.mask_id, 4, [0.5, 0.5], tok.stop_ids)
 
     def turn_knob(engine, spans):
         if engine.out.forwards == 2:
-            engine.tau[1] = 1.0
+            engine.set_tau(1, 1.0)
 
     eng.run(on_step=turn_knob)
     assert all(len(s) == 1 for s in eng.out.rows[1].spans[2:])
@@ -166,7 +168,7 @@ def test_ar_baseline_is_mars_at_block_1_draw_for_draw(tok, trained, sampling):
     sampled from the same seed, on both models."""
     for model, prompts in ((trained, held_out_prompts(tok)), (random_model(), RANDOM_PROMPTS)):
         ar = batch_ar(model, prompts, 32, tok.stop_ids, **sampling)
-        mars = BatchEngine(model, prompts, 32, None, 1, 1.0, tok.stop_ids, **sampling).run()
+        mars = mars_engine(model, prompts, 32, None, 1, 1.0, tok.stop_ids, **sampling).run()
         assert [r.spans for r in ar.rows] == [r.spans for r in mars.rows]
         assert ar.forwards == mars.forwards
 
@@ -209,10 +211,11 @@ def test_bad_inputs_give_clear_errors():
         batch_ar(model, [[1], []], 4)
     with pytest.raises(ValueError, match="exceeds the model context"):
         batch_decode(model, [[1], list(range(30))], 4, MASK)
-    eng = BatchEngine(model, [[1]], 4, MASK)
-    eng.tau[0] = 0.0
+    eng = mars_engine(model, [[1]], 4, MASK)
     with pytest.raises(ValueError, match="tau must be in"):
-        eng.step()
+        eng.set_tau(0, 0.0)
+    with pytest.raises(ValueError, match="AR has no tau"):
+        Engine(model, [[1]], 4, AR()).set_tau(0, 0.5)
 
 
 def test_reference_greedy_agrees_on_long_padded_batches():

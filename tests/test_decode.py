@@ -5,10 +5,11 @@ import torch
 
 from conftest import held_out_prompts, random_model
 from nanomars.util.checkpoint import load_checkpoint, save_checkpoint
-from nanomars.decode import accept, ar_decode, mars_decode, show_spans
+from nanomars.decode import accept, ar_decode, lossless_decode, mars_decode, mars_decode_plain, show_spans
 from nanomars.masks import causal_mask
 
 MASK = 96
+MARS = {True: mars_decode, False: mars_decode_plain}  # use_cache -> the decoder
 
 
 def reference_greedy(model, prompt, n):
@@ -33,7 +34,7 @@ def test_ar_decode_equals_reference_greedy(use_cache):
 def test_tau_one_is_greedy_ar_on_a_random_model(use_cache, block_size):
     model = random_model(seed=block_size)
     prompt = [5, 17, 3, 44, 2, 9]
-    out = mars_decode(model, prompt, 40, MASK, block_size, tau=1.0, use_cache=use_cache)
+    out = MARS[use_cache](model, prompt, 40, MASK, block_size, tau=1.0)
     assert out.tokens == ar_decode(model, prompt, 40).tokens
     assert out.forwards == 40 and all(len(s) == 1 for s in out.spans)
 
@@ -42,7 +43,7 @@ def test_tau_one_is_greedy_ar_on_a_trained_model(tok, trained):
     for prompt in held_out_prompts(tok, 3):
         ar = ar_decode(trained, prompt, 48, tok.stop_ids)
         for use_cache in (True, False):
-            out = mars_decode(trained, prompt, 48, tok.mask_id, 4, 1.0, tok.stop_ids, use_cache)
+            out = MARS[use_cache](trained, prompt, 48, tok.mask_id, 4, 1.0, tok.stop_ids)
             assert out.tokens == ar.tokens and out.forwards == ar.forwards
 
 
@@ -50,8 +51,8 @@ def test_trained_model_accepts_several_tokens_and_cache_changes_nothing(tok, tra
     total_tokens = total_forwards = 0
     for prompt in held_out_prompts(tok, 3):
         for tau in (0.9, 0.5):
-            cached = mars_decode(trained, prompt, 48, tok.mask_id, 4, tau, tok.stop_ids, use_cache=True)
-            uncached = mars_decode(trained, prompt, 48, tok.mask_id, 4, tau, tok.stop_ids, use_cache=False)
+            cached = mars_decode(trained, prompt, 48, tok.mask_id, 4, tau, tok.stop_ids)
+            uncached = mars_decode_plain(trained, prompt, 48, tok.mask_id, 4, tau, tok.stop_ids)
             assert cached.tokens == uncached.tokens and cached.spans == uncached.spans
             assert sum(cached.spans, []) == cached.tokens
             total_tokens, total_forwards = total_tokens + len(cached.tokens), total_forwards + cached.forwards
@@ -63,8 +64,8 @@ def test_cached_equals_uncached_for_low_tau_on_a_random_model():
     # a random model is unsure (p near 1/97): only a tau this low accepts extra tokens. At 0.017 and 0.0165
     # some windows are cut part way, leaving masks' K/V beyond the cache length; at 0.01 all are taken whole
     for tau, part_way in ((0.017, True), (0.0165, True), (0.01, False)):
-        a = mars_decode(model, [1, 2, 3], 40, MASK, 4, tau, use_cache=True)
-        b = mars_decode(model, [1, 2, 3], 40, MASK, 4, tau, use_cache=False)
+        a = mars_decode(model, [1, 2, 3], 40, MASK, 4, tau)
+        b = mars_decode_plain(model, [1, 2, 3], 40, MASK, 4, tau)
         assert a.spans == b.spans, tau
         assert a.forwards < 40, tau  # extra tokens were accepted at this tau
         assert any(1 < len(s) < 4 for s in a.spans) == part_way, tau
@@ -166,9 +167,9 @@ def test_decoders_run_under_bf16_autocast_and_stay_greedy_up_to_near_ties(tok, t
             outs.append((p, ar_decode(trained, p, 32, tok.stop_ids)))
             outs.append((p, ar_decode(trained, p, 32, tok.stop_ids, use_cache=False)))
             for use_cache in (True, False):
-                outs.append((p, mars_decode(trained, p, 32, tok.mask_id, 4, 0.9, tok.stop_ids, use_cache)))
+                outs.append((p, MARS[use_cache](trained, p, 32, tok.mask_id, 4, 0.9, tok.stop_ids)))
             outs.append((p, mars_decode(trained, p, 32, tok.mask_id, 4, 1.0, tok.stop_ids)))
-            outs.append((p, mars_decode(trained, p, 32, tok.mask_id, 4, stop_ids=tok.stop_ids, lossless=True)))
+            outs.append((p, lossless_decode(trained, p, 32, tok.mask_id, 4, stop_ids=tok.stop_ids)))
         batches = [batch_decode(trained, prompts, 32, tok.mask_id, 4, 0.9, tok.stop_ids, cache=c)
                    for c in ("request", BlockCache(16), None)]
         batches += [batch_ar(trained, prompts, 32, tok.stop_ids), batch_lossless(trained, prompts, 32, tok.mask_id, 4,

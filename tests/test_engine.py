@@ -7,43 +7,46 @@ import torch
 from conftest import random_model
 from nanomars.batch_decode import batch_ar, batch_lossless
 from nanomars.decode import Spans, ar_decode, lossless_decode, mars_decode, propose
-from nanomars.engine import Engine, NoCache, PerRequestCache
+from nanomars.engine import Accepted, Engine, Fed, NoCache, PerRequestCache, Strategy
 
 PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
-class RepeatLastToken:
+class RepeatLastToken(Strategy):
     """A toy strategy, not in the library: feed one copy of the last pending token as a draft and keep it
     when AR agrees (prompt lookup with n = 1, draft length 1). Exact for greedy by construction of the
-    check, so it must equal AR; it touches no other strategy."""
-    ahead, width = 2, 2
+    check, so it must equal AR; it touches no other strategy. Its per-row state (how many drafts each row
+    kept) must follow the rows as finished ones leave the batch."""
+    ahead, width, rows = 2, 2, ("kept",)
 
     def start(self, eng):
-        pass
+        self.kept, self.total = torch.zeros_like(eng.n_pend), {}
 
     def feed(self, eng):
         last = eng.pending.gather(1, (eng.n_pend - 1)[:, None])  # (n, 1)
         self.draft = last
-        return last, torch.ones_like(eng.n_pend)
+        return Fed(last, torch.ones_like(eng.n_pend))
 
-    def accept(self, eng, logits, waiting):
+    def accept(self, eng, logits, hidden):
         y = propose(logits)[0]  # (n, 2): AR after the pending tokens, AR after the draft
         kept = (y[:, 0] == self.draft[:, 0]).long()
-        return y, kept + 1, kept, torch.full_like(kept, 2)
-
-    def drop(self, keep):
-        pass
+        self.kept = self.kept + kept
+        self.total.update(zip(eng.active.tolist(), self.kept.tolist()))  # row -> drafts kept so far
+        return Accepted(y, kept + 1, kept, torch.full_like(kept, 2))
 
 
 @pytest.mark.parametrize("policy", [PerRequestCache, NoCache])
 def test_a_new_strategy_plugs_into_the_core(policy):
     model = random_model(vocab_size=13)
     prompts = [[p % 12 + 1 for p in prompt] for prompt in PROMPTS]
-    out = Engine(model, prompts, 30, RepeatLastToken(), (), policy()).run()
+    strategy = RepeatLastToken()
+    out = Engine(model, prompts, 30, strategy, (), policy()).run()
     ar = batch_ar(model, prompts, 30)
     assert [r.tokens for r in out.rows] == [r.tokens for r in ar.rows]
     assert any(len(s) == 2 for r in out.rows for s in r.spans)  # some drafts were kept
     assert out.forwards < ar.forwards
+    # the state's rows were dropped with the finished rows: each prompt's count is its own
+    assert [strategy.total[i] for i in range(len(prompts))] == [sum(len(s) == 2 for s in r.spans) for r in out.rows]
 
 
 @pytest.mark.parametrize("use_cache", [True, False])

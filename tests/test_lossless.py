@@ -7,8 +7,10 @@ import torch
 import nanomars.strategies as strategies_module
 from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
 from nanomars.compare.block_cache import BlockCache
-from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode, batch_lossless
-from nanomars.decode import ar_decode, mars_decode, sample, sampling_dist
+from nanomars.batch_decode import batch_ar, batch_decode, batch_lossless
+from nanomars.engine import Engine
+from nanomars.strategies import Lossless
+from nanomars.decode import ar_decode, lossless_decode, sample, sampling_dist
 from nanomars.masks import causal_mask
 
 STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache=BlockCache(4))]
@@ -49,7 +51,7 @@ def test_greedy_lossless_is_greedy_ar_on_random_models(kw, B):
 @pytest.mark.parametrize("B", [2, 4, 8])
 def test_single_sequence_lossless_is_greedy_ar(use_cache, B):
     for model, prompt, mask_id in ((random_model(seed=B), PROMPTS[0], 96), (small_vocab_model(B), [1, 2, 3], 7)):
-        out = mars_decode(model, prompt, 40, mask_id, B, lossless=True, use_cache=use_cache)
+        out = lossless_decode(model, prompt, 40, mask_id, B, use_cache=use_cache)
         assert out.tokens == ar_decode(model, prompt, 40).tokens
         assert sum(out.spans, []) == out.tokens and out.seconds > 0
 
@@ -63,8 +65,7 @@ def test_greedy_lossless_is_greedy_ar_on_the_trained_model(tok, trained, kw):
         assert [r.tokens for r in out.rows] == [r.tokens for r in ar.rows]
         check_spans(out, B, 48)
     for prompt, row in zip(prompts[:2], ar.rows):
-        single = mars_decode(trained, prompt, 48, tok.mask_id, 4, stop_ids=tok.stop_ids, lossless=True,
-                             use_cache=kw["cache"] is not None)
+        single = lossless_decode(trained, prompt, 48, tok.mask_id, 4, tok.stop_ids, kw["cache"] is not None)
         assert single.tokens == row.tokens
 
 
@@ -115,7 +116,7 @@ def test_cache_holds_only_real_tokens(tok, trained):
     after every step each row's cache, up to its length, equals a fresh prefill of its real tokens."""
     prompts = held_out_prompts(tok)[:4]
     for kw in STRATEGIES[1:]:
-        eng = BatchEngine(trained, prompts, 40, tok.mask_id, 4, stop_ids=tok.stop_ids, lossless=True, **kw)
+        eng = Engine(trained, prompts, 40, Lossless(tok.mask_id, 4), tok.stop_ids, **kw)
         committed_drafts = False
         for _ in range(8):
             eng.step()
@@ -131,8 +132,6 @@ def test_cache_holds_only_real_tokens(tok, trained):
 
 def test_bad_inputs_give_clear_errors():
     model = random_model()
-    with pytest.raises(ValueError, match="use one at a time"):
-        BatchEngine(model, [[1]], 4, 96, 4, jacobi=True, lossless=True)
     with pytest.raises(ValueError, match="needs the mask token id"):
         batch_lossless(model, [[1]], 4, None, 4)
 

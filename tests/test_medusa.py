@@ -40,7 +40,7 @@ def reference_heads(medusa, prompt, n):
     while sum(map(len, out)) < n:
         x = torch.tensor([known + draft])
         T = x.shape[1]
-        h = medusa.base(x, torch.arange(T)[None], causal_mask(T), hidden=True)[0]  # (T, C)
+        h = medusa.base.hidden(x, torch.arange(T)[None], causal_mask(T))[0]  # (T, C)
         y = medusa.base.lm_head(h).argmax(-1).tolist()[len(known) - 1:]  # the base at the last known on
         kept = next((i for i in range(len(draft)) if draft[i] != y[i]), len(draft))
         span = (draft[:kept] + [y[kept]])[:n - sum(map(len, out))]
@@ -57,7 +57,7 @@ def reference_gate(medusa, prompt, n, tau):
     known, out = list(prompt), []
     while sum(map(len, out)) < n:
         T = len(known)
-        h = medusa.base(torch.tensor([known]), torch.arange(T)[None], causal_mask(T), hidden=True)[0, -1]
+        h = medusa.base.hidden(torch.tensor([known]), torch.arange(T)[None], causal_mask(T))[0, -1]
         span = [int(medusa.base.lm_head(h).argmax())]
         for p in medusa.head_logits(h).softmax(-1):  # (V,) head by head
             if p.max() < tau:
@@ -76,10 +76,10 @@ def test_hidden_states_are_what_the_lm_head_reads():
     pos, mask = torch.arange(10).expand(3, 10), causal_mask(10)
     cols = torch.tensor([[0, 4], [9, 2], [5, 5]])
     for keep in (None, slice(6, None), cols, x % 3 == 0):
-        h = model(x, pos, mask, keep=keep, hidden=True)
+        h = model.hidden(x, pos, mask, keep=keep)
         assert h.shape[-1] == 32
         assert torch.equal(model.lm_head(h).float(), model(x, pos, mask, keep=keep))  # logits unchanged
-    last = model(x, pos, mask, hidden=True)[:, -1]
+    last = model.hidden(x, pos, mask)[:, -1]
     assert torch.allclose(last.pow(2).mean(-1), torch.ones(3), atol=0.01)  # RMS-normalised (up to eps)
 
 
@@ -119,7 +119,7 @@ def test_loss_is_the_weighted_sum_of_the_heads_mean_cross_entropies(tok, trained
     loss, per_head = medusa_loss(medusa, x, targets, 3)
     N, L = x.shape
     with torch.no_grad():  # plain: every head's logits at every position
-        h = trained(x, torch.arange(L).expand(N, L), causal_mask(L), hidden=True)  # (N, L, C)
+        h = trained.hidden(x, torch.arange(L).expand(N, L), causal_mask(L))  # (N, L, C)
         logits = medusa.head_logits(h)  # (N, L, K, V)
     want = []
     for k in range(1, 4):  # head k at t: x_{t+1+k} where that is a response token

@@ -40,8 +40,8 @@ def fed_tree(N, B, seed=0, V=13):
     strategy = TreeLossless(V - 1, B, N, 3)
     strategy.tokens, strategy.up = best_tree(torch.randn(1, B - 1, V, generator=g), N, 3)
     eng = SimpleNamespace(active=torch.zeros(1), dev=torch.device("cpu"), n_pend=torch.zeros(1, dtype=torch.long))
-    fed, _ = strategy.feed(eng)  # what feed() reads of the engine
-    return fed[0], strategy.parents[0]
+    fed = strategy.feed(eng)  # what feed() reads of the engine
+    return fed.tokens[0], fed.parents[0]
 
 
 def path(parents, f):
@@ -59,7 +59,7 @@ def test_each_node_is_computed_as_its_own_path_alone():
     model, prompt = random_model(vocab_size=13), [3, 5, 1, 2]
     fed, parents = fed_tree(6, 3)
     x = torch.tensor([prompt + fed.tolist()])
-    out = forward_window(model, x, torch.tensor([0]), torch.tensor([4]), 1 + len(fed), None, parents[None])[0]
+    out = forward_window(model, x, torch.tensor([0]), torch.tensor([4]), 1 + len(fed), None, parents[None])[0][0]
     assert len({len(path(parents, f)) for f in range(len(fed))}) > 2  # several depths, several branches
     for f in range(len(fed)):
         seq = prompt + fed[path(parents, f)].tolist()
@@ -86,7 +86,7 @@ def test_no_node_sees_a_sibling_or_a_later_token():
           torch.arange(3)[None].expand(n, -1))
     cache.lengths += 3  # the first three prompt tokens are committed, two are pending
     x = torch.cat([torch.tensor([prompt[3:]] * n), torch.stack(rows)], 1)
-    out = forward_window(model, x, cache.lengths, torch.full((n,), 2), 1 + F, cache, parents.expand(n, -1))
+    out, _ = forward_window(model, x, cache.lengths, torch.full((n,), 2), 1 + F, cache, parents.expand(n, -1))
     for p in range(F):
         for q in range(F):
             diff = (out[p + 1, 1 + q] - out[0, 1 + q]).abs().max().item()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
-from nanomars.batch_decode import BatchEngine, batch_ar, batch_decode
+from nanomars.batch_decode import batch_ar, batch_decode, mars_engine
 from nanomars.compare.block_cache import BlockCache, PaperBlockEngine, batch_paper_block
 from nanomars.decode import accept, cut
 from nanomars.masks import causal_mask
@@ -256,7 +256,7 @@ def test_adaptive_window_grows_back_to_b_and_waiting_rows_keep_theirs(tok, train
     """A window that shrank grows back to B. Under the block cache a row that waits accepts nothing, and
     its window does not move."""
     prompts = held_out_prompts(tok)[:4]
-    eng = BatchEngine(trained, prompts, 40, tok.mask_id, 4, 0.3, tok.stop_ids, cache=BlockCache(8),
+    eng = mars_engine(trained, prompts, 40, tok.mask_id, 4, 0.3, tok.stop_ids, cache=BlockCache(8),
                       adaptive=True)
     waited = False
     while not eng.done:
@@ -323,10 +323,8 @@ def test_paper_block_cache_holds_only_committed_blocks(tok, trained):
 
 def test_bad_combinations_give_clear_errors():
     model = random_model()
-    for kw in (dict(align=True, adaptive=True), dict(adaptive=True, lossless=True),
-               dict(align=True, jacobi=True)):
-        with pytest.raises(ValueError, match="use one at a time"):
-            BatchEngine(model, [[1]], 4, 96, 4, **kw)
+    with pytest.raises(ValueError, match="use one at a time"):
+        mars_engine(model, [[1]], 4, 96, 4, align=True, adaptive=True)
     with pytest.raises(ValueError, match="cache_block must be"):
         batch_paper_block(model, [[1]], 4, 96, 0)
     with pytest.raises(ValueError, match="needs the mask token id"):

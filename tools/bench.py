@@ -253,7 +253,7 @@ for bs in args.batch_sizes:
             t["seconds"] += time.perf_counter() - t0
             t["rows"] += out.rows  # in prompt order: the batches follow the prompts
             t["forwards"] += out.forwards
-            if out.paper_tokens is not None:  # the paper's block sampler: its own count too
+            if hasattr(out, "paper_tokens"):  # the paper's block sampler: its own count too
                 t["paper_tokens"] += sum(out.paper_tokens)
                 t["paper_forwards"] += sum(out.paper_forwards)
             t["draft_forwards"] += getattr(out, "draft_forwards", 0)

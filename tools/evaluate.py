@@ -14,34 +14,30 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as python tools/evaluate.py
 
-from nanomars.batch_decode import batch_decode
+from nanomars.batch_decode import batch_ar, batch_decode
 from nanomars.util.checkpoint import load_model
 from nanomars.util.cli import ArgumentParser, device_name, dtype_name, positive_int, run, tau_float
-from nanomars.decode import ar_decode, mars_decode
 from nanomars.util.progress import Progress
 from nanomars.util.tasks import check, held_out_split, load_checker, prompt_messages, read_jsonl, score
 
 
 def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64, checker=check, progress=None,
              **options):
-    """Decode the user turn of every example (AR when tau is None, else MARS at tau); returns
-    {"accuracy": {family: frac, ..., "all": frac}, "tokens_per_forward", "tokens", "forwards", "seconds"}.
+    """Decode the user turn of every example, one prompt at a time: plain AR when tau is None
+    (batch_ar), else MARS at tau (batch_decode); returns {"accuracy": {family: frac, ..., "all": frac},
+    "tokens_per_forward", "tokens", "forwards", "seconds"}.
     checker(example, response) -> bool (default: the suite's checkers, exact match for other examples).
     progress: a nanomars.util.progress.Progress, advanced by one per example.
-    options: the batch engine's MARS windows (align=True, adaptive=True, lossless=True, cache=...), still
-    one prompt at a time."""
+    options: the decoder's own (batch_decode's cache, align, adaptive, metric; batch_ar's cache)."""
     rows = []
     t0 = time.perf_counter()
     for ex in examples:
-        prompt = tok.prompt_ids(prompt_messages(ex))  # the conversation up to the reply that is checked
-        if options:
-            out = batch_decode(model, [prompt], max_new_tokens, tok.mask_id, block_size, 1.0 if tau is None else tau,
-                               tok.stop_ids, **options).rows[0]
-        elif tau is None:
-            out = ar_decode(model, prompt, max_new_tokens, stop_ids=tok.stop_ids)
+        prompt = [tok.prompt_ids(prompt_messages(ex))]  # the conversation up to the reply that is checked
+        if tau is None:
+            out = batch_ar(model, prompt, max_new_tokens, tok.stop_ids, **options)
         else:
-            out = mars_decode(model, prompt, max_new_tokens, tok.mask_id, block_size, tau, tok.stop_ids)
-        rows.append(out)
+            out = batch_decode(model, prompt, max_new_tokens, tok.mask_id, block_size, tau, tok.stop_ids, **options)
+        rows.append(out.rows[0])
         if progress:
             progress.update(1)
     seconds = time.perf_counter() - t0

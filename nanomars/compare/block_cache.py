@@ -33,10 +33,11 @@ Two tokens/forward counts (BatchDecoded):
   empty spans, so rows[i].forwards counts them and sum(spans) is still the tokens.
 """
 import time
+from dataclasses import dataclass
 
 import torch
 
-from ..engine import Engine, first_stop, forward_window, splice
+from ..engine import BatchDecoded, Engine, first_stop, forward_window, splice
 from ..strategies import MarsGate
 
 
@@ -54,17 +55,28 @@ class BlockCache:
         return f"BlockCache({self.cache_block})"
 
     def waiting(self, eng):
-        none = torch.zeros_like(eng.n_pend, dtype=torch.bool)
+        """None (nobody waits this step) or (n,) bool: the rows that wait (the engine's interface)."""
         if eng.out.forwards == 0:  # the prompt is committed by the first forward
             self.n = eng.n_pend
-            return none
+            return None
         filled = eng.n_pend >= self.cache_block  # rows holding a whole block of uncommitted tokens
         everyone = filled.all()  # the last row filled it: commit the block everywhere, all go on
         self.n = torch.full_like(eng.n_pend, self.cache_block) if everyone else torch.zeros_like(eng.n_pend)
-        return none if everyone else filled
+        return None if everyone else filled
 
     def commit(self, eng, n_verified):
         return self.n  # verified draft tokens wait for their block like any pending token
+
+
+@dataclass
+class PaperBlockDecoded(BatchDecoded):
+    """BatchDecoded and the released sampler's own count (module docstring), per row."""
+    paper_tokens: list = None
+    paper_forwards: list = None
+
+    @property
+    def paper_tokens_per_forward(self):
+        return sum(self.paper_tokens) / max(1, sum(self.paper_forwards))
 
 
 class PaperBlockEngine(Engine):
@@ -78,12 +90,12 @@ class PaperBlockEngine(Engine):
         gate.ahead = 1  # windows end at the token budget: no context room past it
         super().__init__(model, prompts, max_new_tokens, gate, stop_ids, BlockCache(cache_block))
         n = len(prompts)
-        self.out.paper_tokens, self.out.paper_forwards = [0] * n, [0] * n
+        self.out = PaperBlockDecoded(self.out.rows, windows=self.out.windows, paper_tokens=[0] * n,
+                                     paper_forwards=[0] * n)
         # is the next forward a commit (the prefill first); tokens per row in committed blocks; rows that
         # took a stop token; (n, V) the output at each row's last committed token
         self.commit_next, self.base, self.before = True, 0, None
         self.stopped = torch.zeros_like(self.n_pend, dtype=torch.bool)
-        self.tau = gate.tau
 
     @torch.inference_mode()
     def step(self):
@@ -97,7 +109,7 @@ class PaperBlockEngine(Engine):
         w = (size - self.n_pend).clamp(min=0)  # the rest of the block (0: filled, the row waits)
         masks = self.pending.new_full((n, max(1, Bc - 1)), gate.mask_id)
         x, _ = splice(self.pending, self.n_pend, masks, (w - 1).clamp(min=0))
-        logits = forward_window(self.model, x, self.start, self.n_pend, Bc, self.cache)  # (n, Bc, V)
+        logits, _ = forward_window(self.model, x, self.start, self.n_pend, Bc, self.cache)  # (n, Bc, V)
         first = (self.n_pend == 0)[:, None, None] & (torch.arange(Bc, device=self.dev) == 0)[None, :, None]
         logits = torch.where(first, self.before[:, None].to(logits.dtype), logits)  # no real token fed
         self.out.forwards += 1
@@ -118,7 +130,7 @@ class PaperBlockEngine(Engine):
         token, or reached the budget, leave."""
         first = self.out.forwards == 0
         size = min(self.policy.cache_block, self.max_new - self.base)
-        self.before = forward_window(self.model, self.pending, self.start, self.n_pend, 1, self.cache)[:, 0]
+        self.before = forward_window(self.model, self.pending, self.start, self.n_pend, 1, self.cache)[0][:, 0]
         self.out.forwards += 1
         self.cache.advance(self.n_pend)
         self.pending, self.n_pend = self.pending[:, :1], torch.zeros_like(self.n_pend)

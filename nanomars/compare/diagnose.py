@@ -34,7 +34,7 @@ def gate_errors(model, prompts, mask_id, block_size, tau, stop_ids=(), max_new_t
         col = torch.arange(W, device=dev)[None]  # (1, W)
         x = torch.where(col < c[:, None], seq[col.clamp(max=len(seq) - 1)].expand(n, W), PAD)
         x = torch.where((col >= c[:, None]) & (col < c[:, None] + B - 1), mask_id, x)
-        logits = forward_window(model, x, torch.zeros_like(c), c, B)  # (n, B, V)
+        logits, _ = forward_window(model, x, torch.zeros_like(c), c, B)  # (n, B, V)
         y, p = propose(logits)  # (n, B)
         accepted = torch.arange(B, device=dev) < n_accepted(gate(p, y, tau, metric))[:, None]  # (n, B)
         # AR's token at the place of proposal j, where AR's answer reaches it

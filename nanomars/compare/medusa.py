@@ -12,20 +12,23 @@ decaying weights): K x (C^2 + C) parameters, 49,536 for the default model (C = 1
 itself gives each head its own copy of the lm_head to train (K x V x C more: 394,752 for the default
 model's V = 1028); sharing the frozen one is the cheaper variant, the one built here.
 
-How the heads get h, with no Medusa branch in the engine: Decoder.forward(..., hidden=True) returns the
-final-norm outputs instead of logits, and Medusa (a module around the base) returns both from its forward,
-(logits, h). The engine hands whatever the model returns to the strategy untouched, so the strategy gets
-h at every column it reads, and applies the heads at the one column per row where it needs them (K lm_head
-rows per row and forward, not K at every column).
+How the heads get h, with no Medusa branch in the engine: the Medusa strategies say reads_hidden (the
+engine's Strategy interface), so the engine reads the model's final-norm outputs (model.hidden) and
+hands them to accept() beside the logits it computes from them (model.lm_head). The strategy applies the
+heads at the one column per row where it needs them (K lm_head rows per row and forward, not K at every
+column).
 
-Decoding, as strategies of the engine (engine.py; the interface is in strategies.py), on the Medusa
-itself: Engine(medusa, prompts, n, MedusaHeads(medusa)).
-    MedusaHeads  verified: the heads' top-1 tokens at the last accepted fed token are the next draft, fed
-                 as real tokens and verified by the base (peers.Verified): exactly greedy AR
+Decoding, as strategies of the engine (engine.py), on the Medusa itself:
+Engine(medusa, prompts, n, MedusaHeads(medusa)).run().
+    MedusaHeads  verified: the heads' tokens at the last accepted fed token are the next draft, fed as
+                 real tokens and verified by the base (speculative.Verified): greedy (each head's top-1),
+                 exactly greedy AR; sampled (temperature, top_k, seed: the draft drawn from the heads'
+                 sampling_dist), distributed exactly as AR sampling, by verify_draft's rule
     MedusaGate   MARS's tau gate with the heads in place of the masks: a head's token is accepted without
-                 verification while its probability >= tau. NOT exact for tau < 1 (tau = 1: greedy AR)
-Both draft one chain (each head's top-1); MedusaTree (below) verifies a tree of each head's top choices
-with tree attention, as Medusa does. Greedy only.
+                 verification while its probability >= tau. NOT exact for tau < 1 (tau = 1: greedy AR).
+                 Greedy only
+MedusaTree (below) verifies a tree of each head's top choices with tree attention, as Medusa does.
+Greedy only (as tree.py's trees).
 
 The checkpoint: train.py writes out/medusa.pt with checkpoint.save_checkpoint (atomic): the base's and the
 heads' weights ('base.*', 'heads.*'), the base's config, the step and the run's arguments (init_from: the
@@ -39,7 +42,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..util.checkpoint import load_model
-from ..decode import check_tau, gate, n_accepted, next_tokens, propose
+from ..decode import check_tau, gate, n_accepted, next_tokens, propose, sample, sampling_dist
+from ..engine import Accepted, Fed, Strategy
 from ..dual_track import IGNORE, reduce_loss
 from ..masks import causal_mask
 from ..model import Config, Decoder, chunked_cross_entropy
@@ -52,8 +56,8 @@ DECAY = 0.8  # head k's loss weight is DECAY^k (Medusa-1's lambda_k)
 
 class Medusa(nn.Module):
     """A frozen base Decoder (frozen in place) and K heads. forward takes Decoder.forward's arguments and
-    returns the base's float32 logits and the hidden states the heads read, at the kept outputs:
-    ((N, k, V), (N, k, C)); with targets, the heads' cross-entropies (training, see forward)."""
+    returns the base's float32 logits at the kept outputs; with targets, the heads' cross-entropies
+    (training, see forward). hidden and lm_head as Decoder's."""
 
     def __init__(self, base, n_heads):
         super().__init__()
@@ -90,13 +94,22 @@ class Medusa(nn.Module):
         """h (..., C) -> float32 logits (..., K, V): row k-1 is head k's, for the token k after the next."""
         return self.base.lm_head(self.residual(h)).float()
 
-    def forward(self, idx, pos, mask, cache=None, slots=None, keep=None, targets=None):
-        """targets: (K, n) head k's target ids at the n kept outputs (keep: an (N, T) bool tensor), IGNORE
-        where it has none: returns the heads' float32 cross-entropies (K, n), 0 where ignored."""
+    @property
+    def lm_head(self):  # the base's (the engine computes logits from hidden with it)
+        return self.base.lm_head
+
+    def hidden(self, idx, pos, mask, cache=None, slots=None, keep=None):
+        """The frozen base's final-norm outputs at the kept positions (Decoder.hidden)."""
         with torch.no_grad():  # the base is frozen: nothing of it is kept for backward
-            h = self.base(idx, pos, mask, cache, slots, keep=keep, hidden=True)
+            return self.base.hidden(idx, pos, mask, cache, slots, keep)
+
+    def forward(self, idx, pos, mask, cache=None, slots=None, keep=None, targets=None):
+        """The base's float32 logits; with targets (K, n), head k's target ids at the n kept outputs (keep:
+        an (N, T) bool tensor), IGNORE where it has none: the heads' float32 cross-entropies (K, n), 0
+        where ignored."""
+        h = self.hidden(idx, pos, mask, cache, slots, keep)
         if targets is None:
-            return self.base.lm_head(h).float(), h
+            return self.base.lm_head(h).float()
         z = self.residual(h)  # (n, K, C)
         W = self.base.lm_head.weight
         return torch.stack([chunked_cross_entropy(z[:, k], W, t, self.base.loss_chunk) for k, t in enumerate(targets)])
@@ -186,14 +199,17 @@ def check_engine(eng, medusa):
 
 
 class MedusaHeads(Verified):
-    """Medusa decoding, verified: greedy output is greedy AR's token for token. Each forward feeds
-    [pending | draft] and keeps the draft's prefix the base agrees with, plus the base's own next token
-    (peers.Verified). That token is the base's output at the last accepted fed token (the last pending
-    token when nothing of the draft was kept, else the last kept draft token), so the heads at that same
-    column propose the K tokens after it: the next draft, always K tokens (none before the first forward)."""
+    """Medusa decoding, verified: the output is the base's AR output (greedy: token for token; sampled:
+    in distribution). Each forward feeds [pending | draft] and keeps the draft's prefix the base agrees
+    with, plus the base's own next token (speculative.Verified). That token is the base's output at the
+    last accepted fed token (the last pending token when nothing of the draft was kept, else the last kept
+    draft token), so the heads at that same column propose the K tokens after it: the next draft, always K
+    tokens (none before the first forward)."""
+    rows = Verified.rows + ("draft", "n_draft", "q")
+    reads_hidden = True
 
-    def __init__(self, medusa):
-        super().__init__(medusa.n_heads, 0.0, None, None)
+    def __init__(self, medusa, temperature=0.0, top_k=None, seed=None):
+        super().__init__(medusa.n_heads, temperature, top_k, seed)
         self.medusa = medusa
 
     def start(self, eng):
@@ -203,29 +219,29 @@ class MedusaHeads(Verified):
         self.n_draft, self.q = torch.zeros_like(eng.n_pend), None
 
     def feed(self, eng):
-        return self.draft, self.n_draft
+        return Fed(self.draft, self.n_draft)
 
-    def accept(self, eng, out, waiting):
-        logits, h = out  # (n, K+1, V) the base's, (n, K+1, C) what the heads read
-        y, n_acc, kept, offered = super().accept(eng, logits, waiting)
-        last = h.gather(1, kept[:, None, None].expand(-1, 1, h.shape[-1]))[:, 0]  # (n, C) at column kept
-        draft = next_tokens(self.medusa.head_logits(last))  # (n, K) each head's top-1
-        # a waiting row (block-level cache) took nothing and keeps its draft
-        self.draft = torch.where(waiting[:, None], self.draft, draft)
-        self.n_draft = torch.where(waiting, self.n_draft, self.medusa.n_heads)
-        return y, n_acc, kept, offered
+    def accept(self, eng, logits, hidden):
+        """logits (n, K+1, V) the base's, hidden (n, K+1, C) what the heads read."""
+        out = super().accept(eng, logits, hidden)
+        last = hidden.gather(1, out.verified[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (n, C)
+        heads = self.medusa.head_logits(last)  # (n, K, V) at column `verified`, the base's last output
+        if self.temperature == 0:
+            self.draft, self.q = next_tokens(heads), None  # (n, K) each head's top-1
+        else:
+            self.q = sampling_dist(heads, self.temperature, self.top_k)
+            self.draft = sample(self.q, self.gen)
+        self.n_draft = torch.full_like(self.n_draft, self.medusa.n_heads)
+        return out
 
-    def drop(self, keep):
-        super().drop(keep)
-        self.draft, self.n_draft = self.draft[keep], self.n_draft[keep]
 
-
-class MedusaGate:
+class MedusaGate(Strategy):
     """MARS's tau gate with the heads in place of the masks, NOT exact for tau < 1: each forward feeds
     only the pending tokens; at the last one the base proposes the next token (AR's, always accepted) and
     head k the k-th after it, accepted in order while its probability >= tau (decode.gate, metric prob,
     as MarsGate). Nothing is verified: an accepted head token AR would not have chosen changes the text.
-    tau = 1: one token per forward, exactly greedy AR."""
+    tau = 1: one token per forward, exactly greedy AR. Greedy only."""
+    reads_hidden = True
 
     def __init__(self, medusa, tau=0.95):
         check_tau(tau)
@@ -235,25 +251,24 @@ class MedusaGate:
         check_engine(eng, self.medusa)
 
     def feed(self, eng):
-        return eng.pending[:, :0], torch.zeros_like(eng.n_pend)  # nothing after the pending tokens
+        return Fed(eng.pending[:, :0], torch.zeros_like(eng.n_pend))  # nothing after the pending tokens
 
-    def accept(self, eng, out, waiting):
-        logits, h = out  # (n, 1, V), (n, 1, C) at each row's last pending token
-        y, p = propose(torch.cat([logits, self.medusa.head_logits(h[:, 0])], 1))  # (n, K+1), (n, K+1, V)
+    def accept(self, eng, logits, hidden):
+        """logits (n, 1, V), hidden (n, 1, C) at each row's last pending token."""
+        y, p = propose(torch.cat([logits, self.medusa.head_logits(hidden[:, 0])], 1))  # (n, K+1), (n, K+1, V)
         n_acc = n_accepted(gate(p, y, self.tau))
-        return y, n_acc, torch.zeros_like(n_acc), torch.full_like(n_acc, self.medusa.n_heads + 1)
-
-    def drop(self, keep):
-        pass  # no per-row state
+        return Accepted(y, n_acc, torch.zeros_like(n_acc), torch.full_like(n_acc, self.medusa.n_heads + 1))
 
 
-class MedusaTree:
+class MedusaTree(Strategy):
     """The same tree verification for Medusa's heads (medusa.py), greedy: exactly greedy AR of the base.
     The tree is best_tree of the K heads' outputs (head k's top_k candidates at depth k) read at the kept
     path's last node, where the base's output is the token just taken, so head k's token is the k-th
     after it (MedusaHeads reads them there too, and keeps only their top-1 chain). Nothing but the
     nodes is fed: the heads read the hidden state of a node already there. Nothing before the first
     forward. nodes, top_k: as TreeLossless's. Runs with the per-request cache or none."""
+    rows = ("tokens", "up")
+    reads_hidden = True
 
     def __init__(self, medusa, nodes=8, top_k=3):
         if nodes < 1 or top_k < 1:
@@ -270,16 +285,13 @@ class MedusaTree:
         self.tokens, self.up = none, none
 
     def feed(self, eng):
-        self.parents = self.up if self.up.shape[1] else None  # a tree for the engine (none: nothing fed)
-        return self.tokens, torch.full_like(eng.n_pend, self.tokens.shape[1])
+        parents = self.up if self.up.shape[1] else None  # a tree (none before the first forward)
+        return Fed(self.tokens, torch.full_like(eng.n_pend, self.tokens.shape[1]), parents)
 
-    def accept(self, eng, out, waiting):
-        logits, h = out  # (n, width, V) the base's from the root on, (n, width, C) what the heads read
+    def accept(self, eng, logits, hidden):
+        """logits (n, width, V) the base's from the root on, hidden (n, width, C) what the heads read."""
         N = self.tokens.shape[1]
         y, n_kept, end = verify_tree(eng, self.tokens, self.up, logits[:, :N + 1], self.medusa.n_heads)
-        last = h.gather(1, end[:, None, None].expand(-1, 1, h.shape[-1]))[:, 0]  # (n, C) at the path's end
+        last = hidden.gather(1, end[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (n, C) path's end
         self.tokens, self.up = best_tree(self.medusa.head_logits(last), self.nodes, self.top_k)
-        return y, n_kept + 1, n_kept, torch.full_like(n_kept, N + 1)
-
-    def drop(self, keep):
-        self.tokens, self.up = self.tokens[keep], self.up[keep]
+        return Accepted(y, n_kept + 1, n_kept, torch.full_like(n_kept, N + 1))

@@ -1,5 +1,5 @@
 """
-MARS's peers as strategies of the decoding engine (engine.py; the interface is in strategies.py), for
+MARS's peers as strategies of the decoding engine (engine.py, with its Strategy interface), for
 comparing on one model, one data set, one machine. Both draft a continuation, feed it as real tokens
 after the pending ones and let the target model verify it in the same forward (decode.verify_draft: the
 kept draft tokens and one token of the target's own), so their output is the target's AR output:
@@ -22,15 +22,16 @@ import torch
 import torch.nn.functional as F
 
 from ..decode import next_tokens, sample, sampling_dist, verify_draft
-from ..engine import forward_window, splice
+from ..engine import Accepted, Fed, Strategy, forward_window, splice
 from ..model import KVCache
 from ..strategies import check_sampling, generator
 
 
-class Verified:
+class Verified(Strategy):
     """What both peers share: each row's known tokens (the lookup reads them, the draft model feeds
     them) and the verification of the draft that feed() left in self.draft (n, D), self.n_draft (n,)
     (its real tokens) and, when sampling, self.q (n, D, V) (the distributions it was drawn from)."""
+    rows = ("known", "n_known")
 
     def __init__(self, D, temperature, top_k, seed):
         check_sampling(temperature, top_k)
@@ -42,16 +43,12 @@ class Verified:
         self.known, self.n_known = eng.pending.clone(), eng.n_pend.clone()
         self.gen = generator(eng, self.seed)
 
-    def accept(self, eng, logits, waiting):
+    def accept(self, eng, logits, hidden):
         """logits (n, D+1, V): the target's outputs at the last pending token and at each draft token."""
         y, kept = verify_draft(self.draft, self.n_draft, logits, self.q, self.temperature, self.top_k, self.gen)
-        kept = torch.where(waiting, 0, kept)  # a waiting row (block-level cache) takes nothing
         # the engine may cut the span at a stop token or the budget: only for rows it then drops
-        self.known, self.n_known = splice(self.known, self.n_known, y, torch.where(waiting, 0, kept + 1))
-        return y, kept + 1, kept, self.n_draft + 1
-
-    def drop(self, keep):
-        self.known, self.n_known = self.known[keep], self.n_known[keep]
+        self.known, self.n_known = splice(self.known, self.n_known, y, kept + 1)
+        return Accepted(y, kept + 1, kept, self.n_draft + 1)
 
 
 def lookup(known, n_known, ngram, draft_len):
@@ -89,7 +86,7 @@ class PromptLookup(Verified):
         self.draft, self.n_draft = lookup(self.known, self.n_known, self.ngram, self.draft_len)
         V = eng.model.config.vocab_size
         self.q = F.one_hot(self.draft, V).float() if self.temperature > 0 else None
-        return self.draft, self.n_draft
+        return Fed(self.draft, self.n_draft)
 
 
 def now(dev):
@@ -102,8 +99,9 @@ class DraftModel(Verified):
     """Speculative decoding with a draft model (same vocabulary): per step it feeds each row the tokens
     its cache lacks, then drafts k tokens autoregressively (k forwards of the draft model, greedy or
     sampled from its sampling_dist), the target verifies them. The draft cache keeps the known tokens
-    and the draft's first k-1; after verification its length is rolled back to what was kept (stale
+    and the draft's first k-1; the next feed first rolls its length back to what was kept (stale
     entries sit past the length, masked, overwritten). draft_forwards, draft_seconds: its own cost."""
+    rows = ("known", "n_known", "cache")
 
     def __init__(self, draft_model, k=4, temperature=0.0, top_k=None, seed=None):
         if k < 1:
@@ -122,10 +120,13 @@ class DraftModel(Verified):
 
     def feed(self, eng):
         t0, c = now(eng.dev), self.cache
+        # the draft cache holds the known tokens, then the last draft's d_1..d_(k-1): keep the known
+        # tokens, all but the last (fed again below, its output drafts d_1; a no-op before the first draft)
+        c.roll_back(self.n_known - 1)
         x, n_new = splice(self.known, self.n_known, self.known[:, :0], 0, skip=c.lengths)  # what c lacks
         drafts, qs = [], []
         for _ in range(self.k):
-            logits = forward_window(self.model, x, c.lengths, n_new, 1, c)[:, 0]  # (n, V) the next token's
+            logits = forward_window(self.model, x, c.lengths, n_new, 1, c)[0][:, 0]  # (n, V) the next token's
             c.advance(n_new)  # real tokens: the known ones, then the draft's (rolled back in accept)
             if self.temperature == 0:
                 d = next_tokens(logits)
@@ -138,15 +139,4 @@ class DraftModel(Verified):
         self.n_draft = torch.full_like(self.n_known, self.k)
         self.draft_forwards += self.k
         self.draft_seconds += now(eng.dev) - t0
-        return self.draft, self.n_draft
-
-    def accept(self, eng, logits, waiting):
-        out = super().accept(eng, logits, waiting)
-        # the draft cache holds the known tokens, then d_1..d_(k-1): roll it back to the row's known
-        # tokens, all but the last (the next feed starts from it; a waiting row re-feeds its last token)
-        self.cache.roll_back(self.n_known - 1)
-        return out
-
-    def drop(self, keep):
-        super().drop(keep)
-        self.cache.keep_rows(keep)
+        return Fed(self.draft, self.n_draft)

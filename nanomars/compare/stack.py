@@ -24,7 +24,7 @@ tokens kept on the chain's own nodes: what lookup added to the masks' tree.
 """
 import torch
 
-from ..engine import splice
+from ..engine import Accepted, Fed, splice
 from .speculative import lookup
 from .tree import TreeLossless, best_tree, masks_after, verify_tree, with_masks
 
@@ -54,6 +54,7 @@ def hang_chain(tokens, up, chain, n_chain):
 class StackedTree(TreeLossless):
     """Lossless MARS and prompt lookup in one tree (module docstring), greedy: exactly greedy AR's output.
     nodes, top_k: the masks' tree (TreeLossless's); ngram, draft_len: the lookup (PromptLookup's)."""
+    rows = TreeLossless.rows + ("known", "n_known")
 
     def __init__(self, mask_id, B, nodes=8, top_k=3, ngram=3, draft_len=10):
         super().__init__(mask_id, B, nodes, top_k)
@@ -72,10 +73,10 @@ class StackedTree(TreeLossless):
     def feed(self, eng):
         chain, n_chain = lookup(self.known, self.n_known, self.ngram, self.draft_len)
         self.nodes_fed, self.up_fed, self.valid = hang_chain(self.tokens, self.up, chain, n_chain)
-        fed, self.parents = with_masks(self.nodes_fed, self.up_fed, self.mask_id, self.B - 1)
-        return fed, torch.full_like(eng.n_pend, fed.shape[1])
+        fed, parents = with_masks(self.nodes_fed, self.up_fed, self.mask_id, self.B - 1)
+        return Fed(fed, torch.full_like(eng.n_pend, fed.shape[1]), parents)
 
-    def accept(self, eng, logits, waiting):
+    def accept(self, eng, logits, hidden):
         """logits (n, width, V) from the last pending token on: the root's and each node's (the masks'
         tree, then the chain's), then each mask group's."""
         N, N_masks = self.nodes_fed.shape[1], self.tokens.shape[1]
@@ -86,8 +87,4 @@ class StackedTree(TreeLossless):
         self.from_lookup += (end - N_masks).clamp(min=0).sum()
         self.tokens, self.up = best_tree(masks_after(logits, N, end, self.B - 1), self.nodes, self.top_k)
         self.known, self.n_known = splice(self.known, self.n_known, y, n_kept + 1)
-        return y, n_kept + 1, n_kept, self.valid.sum(1) + 1
-
-    def drop(self, keep):
-        super().drop(keep)
-        self.known, self.n_known = self.known[keep], self.n_known[keep]
+        return Accepted(y, n_kept + 1, n_kept, self.valid.sum(1) + 1)

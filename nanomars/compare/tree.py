@@ -40,7 +40,7 @@ tree drawn from Medusa's heads instead of the masks, so the two are compared lik
 import torch
 
 from ..decode import next_tokens
-from ..engine import PerRequestCache
+from ..engine import Accepted, Fed, PerRequestCache, Strategy
 from ..masks import tree_mask
 
 
@@ -116,10 +116,11 @@ def check_policy(eng):
         raise ValueError("tree verification runs with a per-request cache or none")
 
 
-class TreeLossless:
+class TreeLossless(Strategy):
     """Lossless MARS with tree verification (module docstring), greedy: exactly greedy AR's output for
     any model. nodes: the tree's budget N; top_k: candidates per depth. Runs with the per-request cache
     or none (engine.PerRequestCache, NoCache)."""
+    rows = ("tokens", "up")
 
     def __init__(self, mask_id, B, nodes=8, top_k=3):
         if mask_id is None:
@@ -137,17 +138,14 @@ class TreeLossless:
         self.tokens, self.up = none, none
 
     def feed(self, eng):
-        fed, self.parents = with_masks(self.tokens, self.up, self.mask_id, self.B - 1)  # parents: the engine's
-        return fed, torch.full_like(eng.n_pend, fed.shape[1])
+        fed, parents = with_masks(self.tokens, self.up, self.mask_id, self.B - 1)
+        return Fed(fed, torch.full_like(eng.n_pend, fed.shape[1]), parents)
 
-    def accept(self, eng, logits, waiting):
+    def accept(self, eng, logits, hidden):
         """logits (n, width, V) from the last pending token on: the root's and each node's, then each mask
         group's (module docstring)."""
         N = self.tokens.shape[1]
         y, n_kept, end = verify_tree(eng, self.tokens, self.up, logits[:, :N + 1], self.B - 1)
         self.tokens, self.up = best_tree(masks_after(logits, N, end, self.B - 1), self.nodes, self.top_k)
-        return y, n_kept + 1, n_kept, torch.full_like(n_kept, N + 1)
-
-    def drop(self, keep):
-        self.tokens, self.up = self.tokens[keep], self.up[keep]
+        return Accepted(y, n_kept + 1, n_kept, torch.full_like(n_kept, N + 1))
 
