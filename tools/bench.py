@@ -70,7 +70,14 @@ p.add_argument("--draft", default="out/draft/ar.pt", help="the draft model's che
 p.add_argument("--medusa", default="out/medusa.pt", help="Medusa heads (train.py --stage medusa); 'none': no "
                "Medusa rows")
 p.add_argument("--tau", type=tau_float, default=0.95, help="MARS's and the Medusa gate's threshold")
-p.add_argument("--block_size", type=positive_int, default=None, help="default: the checkpoint's training block size")
+p.add_argument("--block_size", type=positive_int, default=None, help="MARS's block size B; default: the checkpoint's "
+               "training block size")
+p.add_argument("--jacobi_window", type=positive_int, default=None, help="Jacobi's window; default: B (as many "
+               "proposals per forward as MARS)")
+p.add_argument("--cache_blocks", type=positive_int, nargs="+", default=[4, 8, 16, 32], help="block sizes B_cache of "
+               "the block-level cache's MARS rows")
+p.add_argument("--paper_blocks", type=positive_int, nargs="+", default=[8, 32], help="block sizes of the released "
+               "block sampler's rows")
 p.add_argument("--batch_sizes", type=positive_int, nargs="+", default=[1, 4, 8, 16])
 p.add_argument("--n_prompts", type=positive_int, default=None, help="default: 210 held-out prompts mixed over the "
                "task families, or every example of --data")
@@ -194,9 +201,10 @@ except (ValueError, FileNotFoundError) as e:
 strategies = {
     "AR+cache": row(partial(batch_ar, model, stop_ids=tok.stop_ids), "none", True, ahead=1),
     "MARS no cache": row(partial(mars, cache=None), "stage 2", gated),
-    **{f"MARS block {c}": row(partial(mars, cache=BlockCache(c)), "stage 2", gated) for c in (4, 8, 16, 32)},
+    **{f"MARS block {c}": row(partial(mars, cache=BlockCache(c)), "stage 2", gated) for c in args.cache_blocks},
     "MARS per-request": row(partial(mars, cache="request"), "stage 2", gated),
-    "Jacobi": row(partial(batch_jacobi, model, window=B, stop_ids=tok.stop_ids), "none", True),
+    "Jacobi": row(partial(batch_jacobi, model, window=args.jacobi_window or B, stop_ids=tok.stop_ids), "none", True,
+                  ahead=args.jacobi_window or B),
     "Lossless MARS": row(partial(batch_lossless, model, mask_id=tok.mask_id, block_size=B, stop_ids=tok.stop_ids),
                          "stage 2", True),
     **{f"Lossless tree {n}/{k}": engine_row(partial(TreeLossless, tok.mask_id, B, n, k), "stage 2", True)
@@ -205,7 +213,7 @@ strategies = {
     "Adaptive window": row(partial(mars, cache="request", adaptive=True), "stage 2", gated),
     "Aligned window": row(partial(mars, cache="request", align=True), "stage 2", gated),
     **{f"Paper block {c}": row(partial(batch_paper_block, model, mask_id=tok.mask_id, cache_block=c, tau=args.tau,
-                                       stop_ids=tok.stop_ids), "stage 2", gated, ahead=1) for c in (8, 32)},
+                                       stop_ids=tok.stop_ids), "stage 2", gated, ahead=1) for c in args.paper_blocks},
     "Prompt lookup": engine_row(PromptLookup, "none", True),
     **peers,
 }
