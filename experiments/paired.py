@@ -22,6 +22,7 @@ that seeds do not vary, which 5 seeds cannot show. The rule in that case (and on
 interval and the seed-clustered t interval, the mean of the S per-seed mean differences +- t(S - 1) x their
 sd / sqrt(S). The clustered interval is conditional on the prompts (their effect is common to every seed's
 mean), so neither is always the wider; taking the wider keeps each error source that either one sees.
+tests/test_paired.py checks the rule on constructed data sets whose interval is known by hand.
 Ratios (tokens per forward = sum of tokens / sum of forwards) use the same interval on the linearised
 per-prompt terms (the delta method): (tokens - r * forwards) / mean forwards.
 

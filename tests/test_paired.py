@@ -41,7 +41,8 @@ def test_the_constructed_data_set_has_its_seed_term_cut():
     ms_seed, ms_prompt, ms_noise = mean_squares(KNOWN)
     assert ms_seed == pytest.approx(0.125) and ms_seed < ms_noise  # the seed component is cut to zero
     re, cut = paired.random_effects(KNOWN)
-    assert cut and re.df == 396 and re.method == "random effects"  # the degrees of freedom jump from about 4 to (S - 1)(P - 1): noise only
+    # the degrees of freedom jump from about 4 to (S - 1)(P - 1): noise only
+    assert cut and re.df == 396 and re.method == "random effects"
     assert re.se == pytest.approx(np.sqrt(ms_noise / KNOWN.size))
 
 
