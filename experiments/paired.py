@@ -16,6 +16,13 @@ seed-by-prompt noise twice (an interval up to 1.4x too wide when, as here, seeds
 they get right), and with 5 seeds its seed level has too few distinct resamples. Tested on simulated
 data (tests/test_power_grid.py): the interval covers the true difference 94-98% of the time (98% when the
 seeds agree: 5 seeds cannot show that they do, and the t pays for it, an interval ~1.3x the ideal width).
+When the seed mean square falls below the noise mean square, the seed component is cut to zero and the
+Satterthwaite degrees of freedom jump from about S - 1 to thousands: the interval then rests on an estimate
+that seeds do not vary, which 5 seeds cannot show. The rule in that case (and only then): the WIDER of that
+interval and the seed-clustered t interval, the mean of the S per-seed mean differences +- t(S - 1) x their
+sd / sqrt(S). The clustered interval is conditional on the prompts (their effect is common to every seed's
+mean), so neither is always the wider; taking the wider keeps each error source that either one sees.
+tests/test_paired.py checks the rule on constructed data sets whose interval is known by hand.
 Ratios (tokens per forward = sum of tokens / sum of forwards) use the same interval on the linearised
 per-prompt terms (the delta method): (tokens - r * forwards) / mean forwards.
 
@@ -39,6 +46,7 @@ class Interval(NamedTuple):
     hi: float
     se: float
     df: float
+    method: str = "random effects"  # or "seed-clustered" (the seed term cut, the clustered t the wider)
 
 
 def t_quantile(q, df):
@@ -48,26 +56,49 @@ def t_quantile(q, df):
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
 
 
-def interval(d, level=0.95):
-    """d: (seeds, prompts) per-cell values -> the t interval on their mean under the random-effects model."""
+def random_effects(d, level=0.95):
+    """d: (seeds, prompts) per-cell values -> the t interval on their mean under the random-effects model, with
+    (as a second value) whether the seed component was cut to zero."""
     d = np.asarray(d, dtype=float)
     S, P = d.shape
     m = float(d.mean())
     seed_means, prompt_means = d.mean(1), d.mean(0)
     terms = [(S * ((prompt_means - m) ** 2).sum() / (P - 1), P - 1)]  # (mean square, degrees of freedom): prompts
+    cut = False
     if S > 1:
         ms_seed = P * ((seed_means - m) ** 2).sum() / (S - 1)
         ms_noise = ((d - seed_means[:, None] - prompt_means[None, :] + m) ** 2).sum() / ((S - 1) * (P - 1))
+        cut = not ms_seed > ms_noise
         # var * S * P = MS_seed + MS_prompt - MS_noise; a mean square below MS_noise: its component is 0, dropped
         terms = [(ms, df) for ms, df in (terms[0], (ms_seed, S - 1)) if ms > ms_noise]
         terms.append(((1 - len(terms)) * ms_noise, (S - 1) * (P - 1)))
     var_sp = sum(ms for ms, _ in terms)
     if var_sp <= 0:
-        return Interval(m, m, m, 0.0, math.inf)
+        return Interval(m, m, m, 0.0, math.inf), cut
     df = float(var_sp ** 2 / sum(ms ** 2 / df for ms, df in terms))  # Satterthwaite
     se = math.sqrt(float(var_sp) / (S * P))
     half = t_quantile((1 + level) / 2, df) * se
-    return Interval(m, m - half, m + half, se, df)
+    return Interval(m, m - half, m + half, se, df), cut
+
+
+def seed_clustered(d, level=0.95):
+    """The t interval with S - 1 degrees of freedom on the S per-seed means of d (seeds, prompts)."""
+    seed_means = np.asarray(d, dtype=float).mean(1)
+    S, m = len(seed_means), float(seed_means.mean())
+    se = float(seed_means.std(ddof=1)) / math.sqrt(S)
+    half = t_quantile((1 + level) / 2, S - 1) * se
+    return Interval(m, m - half, m + half, se, float(S - 1), "seed-clustered")
+
+
+def interval(d, level=0.95):
+    """d: (seeds, prompts) per-cell values -> the 95% interval on their mean: the random-effects one, or, where its
+    seed component was cut to zero, the wider of it and the seed-clustered t(S - 1) interval (the module's rule)."""
+    iv, cut = random_effects(d, level)
+    if cut and np.shape(d)[0] > 1:
+        clustered = seed_clustered(d, level)
+        if clustered.hi - clustered.lo > iv.hi - iv.lo:
+            return clustered
+    return iv
 
 
 def accuracy_difference(right_a, right_b):
@@ -83,7 +114,7 @@ def ratio_difference(num_a, den_a, num_b, den_b):
     (ra, ua), (rb, ub) = linear(num_a, den_a), linear(num_b, den_b)
     spread = interval(ua - ub)
     return Interval(ra - rb, ra - rb - (spread.estimate - spread.lo), ra - rb + (spread.hi - spread.estimate),
-                    spread.se, spread.df)
+                    spread.se, spread.df, spread.method)
 
 
 def mde(iv, power=0.8):

@@ -87,7 +87,7 @@ def flips(rng, seeds, prompts, p, n_flips):
 
 def test_paired_interval_finds_a_known_difference():
     a, b = flips(np.random.default_rng(0), 5, 1000, 0.3, 50)
-    est, lo, hi, se, df = paired.accuracy_difference(a, b)
+    est, lo, hi, se, df, method = paired.accuracy_difference(a, b)
     assert est == pytest.approx(0.05) and 0 < lo < 0.05 < hi
     assert paired.verdict(lo, hi, +1) == "reproduced" and paired.verdict(lo, hi, -1) == "contradicted"
     assert paired.accuracy_difference(b, b)[:3] == (0.0, 0.0, 0.0)  # the same outcomes: no difference at all
@@ -122,7 +122,7 @@ def test_interval_covers_the_truth_about_95_percent(seed_sd):
         b = (rng.random((5, 300)) < 0.4).astype(int)
         up = 0.2 + rng.normal(0, seed_sd, (5, 1))  # P(b wrong -> a right), per seed; mean 0.2
         a = np.where(b == 0, rng.random((5, 300)) < up, rng.random((5, 300)) >= 0.1)  # P(b right -> a wrong) 0.1
-        _, lo, hi, _, _ = paired.accuracy_difference(a, b)  # truth: 0.6 * 0.2 - 0.4 * 0.1 = 0.08
+        _, lo, hi, *_ = paired.accuracy_difference(a, b)  # truth: 0.6 * 0.2 - 0.4 * 0.1 = 0.08
         covered += lo <= 0.08 <= hi
     assert 0.92 <= covered / 400 <= 0.99
 
