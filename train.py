@@ -1,9 +1,12 @@
 """
-Train nanoMARS in two stages (docs/mars.md explains the method):
+Trains a MARS model in two stages (docs/mars.md explains the method):
   python train.py --stage ar      # stage 1: AR-SFT from scratch (or --init_from a Qwen2.5 folder)
   python train.py --stage mars    # stage 2: MARS dual-track fine-tuning, starting from stage 1
-  python train.py --stage medusa  # a peer: block_size-1 Medusa heads on the frozen stage-1 model (nanomars/compare/medusa.py)
   python train.py --config config/qwen05_ar.py --data sft.jsonl   # a preset: the paper's recipe
+The knobs are flags, all in one place with their defaults and ranges (nanomars/util/train_args.py, or
+python train.py --help); the ones a student changes: --block_size and --alpha (the method), --max_iters,
+--batch_size and --lr (the run), --n_layer and --n_embd (the model). --stage and --objective also name
+the baselines and peers that nanomars/compare/ registers (dual_track.OBJECTIVES).
 Checkpoints: out/ar.pt and out/mars.pt (self-describing, atomic); --resume continues a stage.
 With --init_from <Hugging Face folder> the run also writes out/<stage>_hf/, loadable by transformers.
 Several GPUs: torchrun --standalone --nproc_per_node=N train.py ... keeps a full replica per GPU; add --fsdp to
@@ -18,14 +21,13 @@ import time
 
 import torch
 
-from nanomars.compare.block_diffusion import block_diffusion_loss
+import nanomars.compare  # noqa: F401  (registers the comparisons' objectives and stages)
+from nanomars.dual_track import OBJECTIVES, STARTS, collate, random_offsets
+from nanomars.model import Config, Decoder
+from nanomars.scale.distributed import (close_distributed, distribute, gradient_sync, init_distributed, load_resume,
+                                        mean_over_ranks, save)
 from nanomars.util.checkpoint import load_model
 from nanomars.util.cli import fail
-from nanomars.scale.distributed import (close_distributed, gradient_sync, init_distributed, load_resume,
-                                  mean_over_ranks, parallel, place, restore, save)
-from nanomars.dual_track import ar_loss, collate, diffusion_times, dual_track_loss, random_offsets
-from nanomars.compare.medusa import medusa_objective, medusa_start
-from nanomars.model import Config, Decoder
 from nanomars.util.tasks import held_out_split, read_jsonl, train_examples
 from nanomars.util.tokenizer import load_default_tokenizer
 from nanomars.util.train_args import parse_args
@@ -45,8 +47,8 @@ init_from = args.init_from or ("scratch" if args.stage == "ar" else os.path.join
 
 def load_start():
     """(model, tokenizer, hf_folder or None, step, what restore loads or None): where this run starts."""
-    if args.stage == "medusa":  # the stage-1 model, frozen, and new heads (or --resume: out_dir/medusa.pt)
-        return medusa_start(args, init_from)
+    if args.stage in STARTS:  # a stage that builds its own model (a comparison's: dual_track.STARTS)
+        return STARTS[args.stage](args, init_from)
     if args.resume:  # this stage's own checkpoint: weights, step and AdamW state
         return load_resume(args.out_dir, args.stage, args.fsdp, args.device)
     if init_from == "scratch":
@@ -72,38 +74,13 @@ args.lr = args.lr or (5e-6 if hf_folder else 2e-3 if args.stage == "ar" else 1e-
 model.grad_checkpointing = args.grad_checkpointing
 
 # ---------------------------------------------------------------------------------------- objective
-def make_loss(args, mask_id):
-    """The stage's training objective, chosen here and nowhere else: (what it trains, in words, and a function
-    (model, x, response, targets, offsets, gen) -> (loss, {name: detached loss}))."""
-    B, norm, name = args.block_size, args.loss_norm, args.objective
-    if args.stage == "ar":
-        def next_token(model, x, response, targets, offsets, gen):
-            loss = ar_loss(model, x, targets)
-            return loss, {"ar": loss.detach()}
-        return "AR-SFT (next-token loss)", next_token
-    if args.stage == "medusa":
-        return medusa_objective(B - 1, norm)
-    if name == "bd3lm":
-        def block_diffusion(model, x, response, targets, offsets, gen):
-            loss, noisy = block_diffusion_loss(model, x, response, targets, B, mask_id, gen, norm)
-            return loss, {"noisy": noisy}
-        return f"the block-diffusion baseline (objective bd3lm), block_size {B}, loss_norm {norm}", block_diffusion
-    released = name == "no_sft_released"  # the no-SFT ablation as the released code ran it
-    alpha = 0.0 if released else args.alpha
-    def dual_track(model, x, response, targets, offsets, gen):
-        weights = 1 / diffusion_times(len(x), gen) if released else None  # each sequence's loss over t, one t each
-        loss, noisy, clean = dual_track_loss(model, x, response, targets, B, mask_id, alpha, name == "csbd", offsets,
-                                             norm, weights)
-        return loss, {"noisy": noisy, "clean": clean}
-    blocks = "random block offsets" if args.random_offsets else "blocks from position 0"
-    return f"MARS dual-track (objective {name}), alpha {alpha}, block_size {B}, {blocks}, loss_norm {norm}", dual_track
-
-task, objective = make_loss(args, tok.mask_id)
+# what this run trains, looked up by name: stage ar and each comparison's stage by the stage, stage mars by
+# its --objective; objective(model, x, response, targets, offsets, gen) -> (loss, {name: detached loss})
+task, objective = OBJECTIVES[args.objective if args.stage == "mars" else args.stage](args, tok.mask_id)
 if master:
     start = f"resumed at step {step}" if args.resume else f"from {init_from}"
     print(f"stage {args.stage}: {task}; {model.num_params() / 1e6:.2f}M parameters {start}, device {args.device}, "
           f"world {world}" + (" (FSDP)" if args.fsdp else ""))
-raw_model = place(model, args.device, args.fsdp)  # the Decoder itself (sharded in place under FSDP)
 
 # ------------------------------------------------------------------------------------------- data
 def render(examples):
@@ -136,21 +113,21 @@ if args.epochs:
     args.max_iters = min(args.max_iters or schedule_iters, schedule_iters)
 else:
     schedule_iters = args.max_iters = args.max_iters or 1200
-epoch_order = torch.zeros(0, dtype=torch.long)  # --epochs: the examples this epoch has not trained on yet
 
-def draw_step(gen):
-    """The global batch of one optimizer step: batch_size x grad_accum x world example indices (and block
-    offsets with --random_offsets), drawn alike on every rank from one seeded stream, with replacement or with
-    --epochs the next slice of the epoch's shuffled order. Micro-step m of rank r trains on slice m * world + r,
-    so 2 processes x 1 micro-step train as 1 process x 2 micro-steps (tests/test_fsdp.py)."""
-    global epoch_order
-    if args.epochs:
-        if len(epoch_order) < global_batch:
-            epoch_order = torch.randperm(len(train_set), generator=gen)
-        idx, epoch_order = epoch_order[:global_batch], epoch_order[global_batch:]
-    else:
-        idx = torch.randint(len(train_set), (global_batch,), generator=gen)
-    return idx, random_offsets(global_batch, args.block_size, gen) if args.random_offsets else None
+def batches(gen):
+    """The global batch of each optimizer step, one per next(): batch_size x grad_accum x world example indices
+    (and block offsets with --random_offsets), drawn alike on every rank from one seeded stream, with replacement
+    or with --epochs the next slice of the epoch's shuffled order. Micro-step m of rank r trains on slice
+    m * world + r, so 2 processes x 1 micro-step train as 1 process x 2 micro-steps (tests/test_fsdp.py)."""
+    epoch_order = torch.zeros(0, dtype=torch.long)  # --epochs: the examples this epoch has not trained on yet
+    while True:
+        if args.epochs:
+            if len(epoch_order) < global_batch:
+                epoch_order = torch.randperm(len(train_set), generator=gen)
+            idx, epoch_order = epoch_order[:global_batch], epoch_order[global_batch:]
+        else:
+            idx = torch.randint(len(train_set), (global_batch,), generator=gen)
+        yield idx, random_offsets(global_batch, args.block_size, gen) if args.random_offsets else None
 
 def make_batch(data, idx, offsets=None):
     """(x, response, targets, offsets) for the examples data[idx], on the device."""
@@ -159,18 +136,21 @@ def make_batch(data, idx, offsets=None):
         tensors = [t.pin_memory() for t in tensors]
     return (*(t.to(args.device, non_blocking=True) for t in tensors), offsets)
 
+# The run's random streams, each from its own seed so that none replays another's numbers: the batches (which
+# examples, which block offsets) from seed x 1000, and what an objective draws at random (bd3lm's times and hidden
+# tokens, no_sft_released's weights) from seed x 7919 + draw, draw = 1 + the micro-step's index over steps,
+# micro-steps and ranks (0: the held-out loss), so a resumed run draws the same. The multipliers mean nothing
+# beyond keeping the seeds apart (7919 is a prime); changing them would change every run's numbers.
 def compute_loss(model, batch, draw=0):
-    """(loss, {name: detached loss}), tensors: .item() would make the CPU wait for the GPU every micro-step. draw
-    seeds what no_sft_released and bd3lm draw at random from the step, so a resumed run repeats it."""
+    """(loss, {name: detached loss}), tensors: .item() would make the CPU wait for the GPU every micro-step."""
     gen = torch.Generator(batch[0].device).manual_seed(args.seed * 7919 + draw)
     with autocast:
         return objective(model, *batch, gen)
 
 # ------------------------------------------------------------------------------------------- train
-optimizer = raw_model.configure_optimizer(args.lr, args.weight_decay, tuple(args.betas))
-if args.resume:  # AdamW's state (under FSDP also the weights, each rank reading its own shards)
-    restore(raw_model, optimizer, saved)
-model = parallel(raw_model, args.fsdp, args.compile)  # DDP under torchrun (not --fsdp); --compile
+# raw_model: the model itself on this rank (sharded in place under FSDP); model: what the loop calls (DDP under
+# torchrun without --fsdp; --compile); AdamW, with its state (and under FSDP the weights) restored on --resume
+raw_model, model, optimizer = distribute(model, args, saved)
 ckpt_args = {**vars(args), "hf_folder": hf_folder}
 
 @torch.no_grad()
@@ -191,15 +171,15 @@ def lr_at(it):  # linear warmup, then cosine decay to min_lr_ratio * lr
     frac = (it - args.warmup) / max(1, schedule_iters - args.warmup)
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-gen = torch.Generator().manual_seed(args.seed * 1000)  # the batch stream, the same on every rank
+stream = batches(torch.Generator().manual_seed(args.seed * 1000))  # the same on every rank
 for _ in range(step):  # resuming: skip the batches already trained on, so the run continues exactly
-    draw_step(gen)
+    next(stream)
 model.train()
 t0, start_step = time.perf_counter(), step
 while step < args.max_iters:
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step)
-    idx, offsets = draw_step(gen)
+    idx, offsets = next(stream)
     logged = {}
     for micro in range(args.grad_accum):
         rows = slice((micro * world + rank) * args.batch_size, (micro * world + rank + 1) * args.batch_size)

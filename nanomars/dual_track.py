@@ -1,10 +1,11 @@
 """
-The training batch and the two losses: plain AR-SFT (stage 1) and the MARS dual-track loss (stage 2).
-docs/mars.md sections 2-5 explain the method; the masks come from masks.py.
+The training batch and the two losses: plain AR-SFT (stage 1) and the MARS dual-track loss (stage 2), and
+the objectives train.py looks up by name (OBJECTIVES, at the end). docs/mars.md sections 2-5 explain the
+method; the masks come from masks.py.
 """
 import torch
 
-from .masks import block_diffusion_mask, causal_mask, mars_train_mask
+from .masks import causal_mask, mars_train_mask
 
 IGNORE = -100  # cross_entropy's ignore_index
 
@@ -56,15 +57,6 @@ def ar_loss(model, x, targets):
     return model(x, pos, causal_mask(L, device=x.device), keep=keep, targets=targets[keep]).mean()
 
 
-EPS = 1e-3  # the released trainers' time_epsilon: a diffusion time t is never below it, so 1/t <= 1000
-
-
-def diffusion_times(N, generator):
-    """(N,) times t = eps + (1 - eps) * U(0, 1), one per sequence, as the released diffusion-style trainers
-    draw them (MDLM with a linear schedule: hide each token with probability t, weight its loss by 1/t)."""
-    return EPS + (1 - EPS) * torch.rand(N, device=generator.device, generator=generator)
-
-
 def reduce_loss(ce, rows, N, loss_norm="token", weights=None):
     """ce (K,): per-target losses, rows (K,): their example. "token": one mean over all K targets (a long
     reply weighs in proportion to its length); "sequence": each example's mean, then the mean over the N
@@ -81,7 +73,7 @@ def reduce_loss(ce, rows, N, loss_norm="token", weights=None):
     return (per_row / count.clamp_min(1)).mean()
 
 
-def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0, bidirectional=False,
+def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0, make_mask=mars_train_mask,
                     offsets=None, loss_norm="token", noisy_weights=None):
     """Stage 2 (MARS): one forward over [clean | noisy] of length 2L.
     clean c_t = x_t; noisy n_t = MASK where x_t is a response token, else x_t (prompt tokens stay real).
@@ -107,10 +99,9 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     loss = mean CE(noisy) + alpha * mean CE(clean), each mean over the response targets (logits are
     computed only at the outputs that have one), taken as reduce_loss's loss_norm says; alpha = 0 is the
     paper's "no SFT loss" ablation in its plain form; noisy_weights (N,) multiply each example's noisy
-    terms: 1 / diffusion_times(N) with alpha = 0 is that ablation as the released code ran it
-    (MARSTrainerNoSFT keeps MDLM's 1/t weight, one t per sequence, mean weight ~7, while hiding every
-    response token). bidirectional=True swaps in the block-diffusion mask (csbd-style; the paper's
-    BD3LM baseline itself is block_diffusion.py).
+    terms (the ablation as the released code ran it weights them by MDLM's 1/t: compare/block_diffusion.py).
+    make_mask(L, block_size, device=, offset=) -> the (2L, 2L) or (N, 2L, 2L) mask: MARS's by default
+    (the comparisons swap in theirs).
     Returns (loss, noisy_ce, clean_ce), the last two plain unweighted means, for logging."""
     N, L = x.shape
     if offsets is None and L % block_size:
@@ -120,7 +111,6 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     noisy = torch.where(response, torch.full_like(x, mask_id), x)
     inputs = torch.cat([x, noisy], dim=1)  # (N, 2L)
     pos = torch.arange(L, device=x.device).repeat(2).expand(N, 2 * L)  # (N, 2L): 0..L-1, 0..L-1
-    make_mask = block_diffusion_mask if bidirectional else mars_train_mask
     # (2L, 2L), or (N, 2L, 2L) with per-example offsets
     mask = make_mask(L, block_size, device=x.device, offset=0 if offsets is None else offsets)
     both = targets.repeat(1, 2)  # (N, 2L): the two streams share one target row
@@ -131,3 +121,37 @@ def dual_track_loss(model, x, response, targets, block_size, mask_id, alpha=1.0,
     loss = (reduce_loss(ce[noisy], rows[noisy], N, loss_norm, noisy_weights) +
             alpha * reduce_loss(ce[~noisy], rows[~noisy], N, loss_norm))
     return loss, ce[noisy].mean().detach(), ce[~noisy].mean().detach()
+
+
+# ------------------------------------------------------------------------------ train.py's objectives
+# An objective, given train.py's arguments and the tokenizer's MASK id, returns (what it trains, in words,
+# loss), loss(model, x, response, targets, offsets, gen) -> (loss, {name: detached loss}) for one micro-batch
+# from collate (gen: a torch.Generator seeded per micro-step, for objectives that draw at random). train.py
+# looks them up here by name; the module that owns an objective registers it, the comparisons' own in
+# nanomars/compare/ (importing that package registers them).
+def next_token_objective(args, mask_id):
+    """Stage 1: ar_loss."""
+    def loss(model, x, response, targets, offsets, gen):
+        ce = ar_loss(model, x, targets)
+        return ce, {"ar": ce.detach()}
+    return "AR-SFT (next-token loss)", loss
+
+
+def dual_track_objective(args, mask_id, alpha=None, make_mask=mars_train_mask, noisy_weights=None):
+    """Stage 2: dual_track_loss with args' alpha (unless given), block_size and loss_norm. The variants that
+    others register swap the mask (make_mask) or weight each example's noisy terms (noisy_weights(N, gen)
+    -> (N,))."""
+    B, norm = args.block_size, args.loss_norm
+    alpha = args.alpha if alpha is None else alpha
+    def loss(model, x, response, targets, offsets, gen):
+        weights = None if noisy_weights is None else noisy_weights(len(x), gen)
+        total, noisy, clean = dual_track_loss(model, x, response, targets, B, mask_id, alpha, make_mask, offsets,
+                                              norm, weights)
+        return total, {"noisy": noisy, "clean": clean}
+    blocks = "random block offsets" if args.random_offsets else "blocks from position 0"
+    return (f"MARS dual-track (objective {args.objective}), alpha {alpha}, block_size {B}, {blocks}, "
+            f"loss_norm {norm}"), loss
+
+
+OBJECTIVES = {"ar": next_token_objective, "mars": dual_track_objective}  # name -> objective(args, mask_id)
+STARTS = {}  # stage -> start(args, init_from): a stage whose model train.py does not build (see train.py)

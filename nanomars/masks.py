@@ -1,6 +1,7 @@
 """
-Every attention mask of nanoMARS, written by hand over index grids. True = the query (row) may attend
-the key (column). The model takes these as they are; nothing else decides who sees whom.
+Every attention mask of MARS, written by hand over index grids. True = the query (row) may attend the key
+(column). The model takes these as they are; nothing else decides who sees whom. (The block-diffusion
+baselines' masks are built on the same grid, dual_track_grid, in compare/block_diffusion.py.)
 
 The MARS training input is one sequence of length 2L: [clean x_0..x_{L-1} | noisy n_0..n_{L-1}], where the
 noisy stream has MASK in place of response tokens. B is the block size (and nothing else); token t is in
@@ -24,7 +25,7 @@ def causal_mask(T, device=None):
     return k <= q  # (T, T)
 
 
-def _dual_track_grid(L, block_size, offset=0, device=None):
+def dual_track_grid(L, block_size, offset=0, device=None):
     """For each of the 2L rows (queries) and columns (keys) of [clean | noisy]: is it noisy, its position t,
     its block k(t) = (t + offset) // B. offset: an int, or an (N,) tensor of per-example offsets; then the
     block grids get a leading N dimension and so does every mask built from them. Only offset mod B
@@ -50,36 +51,9 @@ def mars_train_mask(L, block_size, device=None, offset=0):
     offset[n]. A nonzero offset makes the first block (and usually the last) shorter than B, so the known
     context of a noisy prediction can end anywhere, as it does when decoding. offset 0 = blocks from
     position 0, the released mask; train.py passes random per-example offsets by default."""
-    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, offset, device)
+    (qn, qt, qk), (kn, kt, kk) = dual_track_grid(L, block_size, offset, device)
     clean_clean = ~qn & ~kn & (kt <= qt)
     noisy_noisy = qn & kn & (kk == qk) & (kt <= qt)
-    noisy_clean = qn & ~kn & (kk < qk)
-    return clean_clean | noisy_noisy | noisy_clean
-
-
-def block_diffusion_mask(L, block_size, device=None, offset=0):
-    """Block diffusion, causal-clean variant (the released code's csbd_mask): like mars_train_mask (same
-    blocks, same offset argument), but a noisy token sees EVERY noisy token of its block, later ones
-    included. That breaks the left-to-right attention of AR (docs/mars.md, section 1, difference 2)."""
-    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, offset, device)
-    clean_clean = ~qn & ~kn & (kt <= qt)
-    noisy_noisy = qn & kn & (kk == qk)
-    noisy_clean = qn & ~kn & (kk < qk)
-    return clean_clean | noisy_noisy | noisy_clean
-
-
-def bd3lm_mask(L, block_size, device=None):
-    """Block diffusion as the paper's BD3LM baseline ran it (the released code's block_diff_mask, in
-    nanoMARS's [clean | noisy] order):
-    clean t -> clean s  iff k(s) <= k(t)      (BLOCK-causal: a clean token sees all of its own block)
-    noisy t -> noisy s  iff k(s) == k(t)      (both directions inside its block)
-    noisy t -> clean s  iff k(s) <  k(t)
-    clean t -> noisy s  never
-    The clean stream carries no loss there (only the noisy one does), so seeing later tokens of its own
-    block leaks nothing: a noisy query reads clean tokens of earlier blocks only."""
-    (qn, qt, qk), (kn, kt, kk) = _dual_track_grid(L, block_size, 0, device)
-    clean_clean = ~qn & ~kn & (kk <= qk)
-    noisy_noisy = qn & kn & (kk == qk)
     noisy_clean = qn & ~kn & (kk < qk)
     return clean_clean | noisy_noisy | noisy_clean
 

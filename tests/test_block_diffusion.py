@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import random_model
-from nanomars.compare.block_diffusion import block_diffusion_decode, block_diffusion_loss
-from nanomars.dual_track import EPS, IGNORE, collate
-from nanomars.masks import bd3lm_mask
+from nanomars.compare.block_diffusion import (EPS, bd3lm_mask, block_diffusion_decode, block_diffusion_loss,
+                                              block_diffusion_mask, diffusion_times)
+from nanomars.dual_track import IGNORE, collate, dual_track_loss
 
 B, MASK = 4, 259
 
@@ -95,3 +95,18 @@ def test_a_batch_with_nothing_hidden_still_backpropagates():
     loss, _ = block_diffusion_loss(model, x, response & False, targets, B, MASK, torch.Generator().manual_seed(0))
     loss.backward()
     assert loss.item() == 0.0
+
+
+def test_block_diffusion_mask_changes_the_noisy_loss_only():
+    """--objective csbd: MARS's loss under block_diffusion_mask. Only the noisy stream's mask differs."""
+    model = random_model(vocab_size=300)
+    x, response, targets = collate([([1, 2, 3, 4, 5, 6, 7, 8], [0, 0, 0, 1, 1, 1, 1, 1])], 4, 90)
+    _, n1, c1 = dual_track_loss(model, x, response, targets, 4, MASK)
+    _, n2, c2 = dual_track_loss(model, x, response, targets, 4, MASK, make_mask=block_diffusion_mask)
+    assert torch.allclose(c1, c2) and not torch.allclose(n1, n2)
+
+
+def test_diffusion_times_are_the_released_ones():
+    t = diffusion_times(100000, torch.Generator().manual_seed(0))
+    assert t.min() >= 1e-3 and t.max() < 1
+    assert abs((1 / t).mean() - 6.9) < 0.3  # E[1/t] = ln(1/eps) / (1 - eps) = 6.91: heavy-tailed weights

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from conftest import random_model
 from nanomars.util.checkpoint import load_checkpoint
-from nanomars.dual_track import IGNORE, ar_loss, collate, diffusion_times, dual_track_loss, random_offsets
+from nanomars.compare.block_diffusion import block_diffusion_mask
+from nanomars.dual_track import IGNORE, ar_loss, collate, dual_track_loss, random_offsets
 from nanomars.masks import causal_mask, mars_train_mask
 
 EOS, MASK = 90, 96
@@ -116,11 +117,11 @@ def test_offsets_change_the_noisy_loss_only():
     _, z0, d0 = dual_track_loss(model, x, response, targets, 4, MASK, offsets=torch.zeros(2, dtype=torch.long))
     assert torch.equal(n0, z0) and torch.equal(c0, d0)
     for r in (1, 2, 3):
-        for bidirectional in (False, True):
-            _, n1, c1 = dual_track_loss(model, x, response, targets, 4, MASK, bidirectional=bidirectional,
+        for make_mask in (mars_train_mask, block_diffusion_mask):
+            _, n1, c1 = dual_track_loss(model, x, response, targets, 4, MASK, make_mask=make_mask,
                                         offsets=torch.full((2,), r))
-            _, n2, _ = dual_track_loss(model, x, response, targets, 4, MASK, bidirectional=bidirectional)
-            assert torch.allclose(c1, c0, atol=1e-6) and not torch.allclose(n1, n2, atol=1e-4), (r, bidirectional)
+            _, n2, _ = dual_track_loss(model, x, response, targets, 4, MASK, make_mask=make_mask)
+            assert torch.allclose(c1, c0, atol=1e-6) and not torch.allclose(n1, n2, atol=1e-4), (r, make_mask)
 
 
 def test_block_size_one_offsets_are_irrelevant():
@@ -183,14 +184,6 @@ def test_uniform_model_gives_log_vocab():
     loss, noisy, clean = dual_track_loss(model, x, response, targets, 4, MASK, alpha=1.0)
     assert math.isclose(noisy.item(), math.log(97), rel_tol=1e-6)
     assert math.isclose(loss.item(), 2 * math.log(97), rel_tol=1e-6)
-
-
-def test_block_diffusion_mask_changes_the_noisy_loss_only():
-    model = random_model()
-    x, response, targets = collate([([1, 2, 3, 4, 5, 6, 7, 8], [0, 0, 0, 1, 1, 1, 1, 1])], 4, EOS)
-    _, n1, c1 = dual_track_loss(model, x, response, targets, 4, MASK)
-    _, n2, c2 = dual_track_loss(model, x, response, targets, 4, MASK, bidirectional=True)
-    assert torch.allclose(c1, c2) and not torch.allclose(n1, n2)
 
 
 def test_length_not_multiple_of_block_is_an_error():
@@ -304,9 +297,3 @@ def test_sequence_normalisation_and_per_example_noisy_weights():
     torch.testing.assert_close(token, ce[:, L:][valid].mean() + 0.5 * ce[:, :L][valid].mean(), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(token, dual_track_loss(model, x, response, targets, 4, MASK, 0.5,
                                                      loss_norm="sequence")[0])  # replies differ in length
-
-
-def test_diffusion_times_are_the_released_ones():
-    t = diffusion_times(100000, torch.Generator().manual_seed(0))
-    assert t.min() >= 1e-3 and t.max() < 1
-    assert abs((1 / t).mean() - 6.9) < 0.3  # E[1/t] = ln(1/eps) / (1 - eps) = 6.91: heavy-tailed weights

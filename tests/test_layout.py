@@ -1,13 +1,17 @@
 """The layout is the first documentation: nanomars/ holds the method, read in order, and imports none of its
-subpackages (compare/, scale/, util/) in any import form; every subpackage says who reads it."""
+subpackages (compare/, scale/, util/) in any import form; every subpackage says who reads it; the method's
+code and train.py name no peer or baseline."""
 import ast
 import os
+import re
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READING_ORDER = ["masks", "model", "dual_track", "decode", "engine", "strategies", "batch_decode"]
 SUBPACKAGES = ["compare", "scale", "util"]
+PEER = re.compile(r"paper_|medusa|bd3lm|diffusion", re.IGNORECASE)  # the released sampler, Medusa, block diffusion
+NO_PEER = ["nanomars/masks.py", "nanomars/model.py", "nanomars/dual_track.py", "train.py"]
 
 
 def imported_modules(source, package):
@@ -70,3 +74,40 @@ def test_the_core_is_the_reading_order_and_each_subpackage_says_who_reads_it():
         with open(os.path.join(ROOT, "nanomars", sub, "__init__.py")) as f:
             doc = ast.get_docstring(ast.parse(f.read()))
         assert doc and "read" in doc, sub  # who reads it, in words
+
+
+def identifiers(source):
+    """Every name the code itself spells (not its strings, comments or docstrings): variables, attributes,
+    functions, classes, arguments, keywords, imported modules and names."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node.name
+        elif isinstance(node, ast.arg):
+            yield node.arg
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.arg
+        elif isinstance(node, ast.alias):
+            yield from (node.name, node.asname or "")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+
+
+def test_the_identifier_reader_sees_every_form():
+    source = ("import nanomars.compare.medusa as m\nfrom .x import bd3lm_mask\ndef f(diffusion_t, *, k=1):\n"
+              "    return g(paper_step=o.medusa_heads, tau=diffusion_t)\nclass Medusa: pass")
+    found = set(identifiers(source))
+    assert {"nanomars.compare.medusa", "bd3lm_mask", "diffusion_t", "paper_step", "medusa_heads", "Medusa"} <= found
+    assert not any(PEER.search(i) for i in identifiers('"""Medusa, bd3lm, diffusion"""\nx = "paper_"  # medusa'))
+
+
+@pytest.mark.parametrize("path", NO_PEER)
+def test_the_method_and_train_py_name_no_peer_or_baseline(path):
+    """They live in nanomars/compare/ and plug in: train.py finds their objectives by name
+    (dual_track.OBJECTIVES), the masks and losses take theirs as arguments."""
+    with open(os.path.join(ROOT, path)) as f:
+        named = sorted({i for i in identifiers(f.read()) if PEER.search(i)})
+    assert not named, (path, named)

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from conftest import random_model
-from nanomars.masks import (bd3lm_mask, block_diffusion_mask, causal_mask, decode_mask, mars_train_mask, render_mask,
-                            tree_mask, tree_window)
+from nanomars.compare.block_diffusion import bd3lm_mask, block_diffusion_mask
+from nanomars.masks import causal_mask, decode_mask, mars_train_mask, render_mask, tree_mask, tree_window
 
 # the picture in docs/mars.md, L=8, B=4
 SPEC_PICTURE = """\
@@ -134,7 +134,7 @@ def test_block_diffusion_is_bidirectional_inside_a_block_only():
 
 # the two block-diffusion baselines, L=8, B=4: the noisy stream is the same (bidirectional inside a block,
 # clean blocks strictly before its own); the clean stream is token-causal (csbd-style, nanoMARS's
-# --bidirectional) or block-causal (the paper's BD3LM as released: it sees its whole block)
+# --objective csbd) or block-causal (the paper's BD3LM as released: it sees its whole block)
 CSBD_PICTURE = """\
             C0 C1 C2 C3 C4 C5 C6 C7 | N0 N1 N2 N3 N4 N5 N6 N7
     C0       1  .  .  .  .  .  .  . |  .  .  .  .  .  .  .  .

@@ -24,6 +24,17 @@ def run(args, launcher=(sys.executable,)):
     return proc.stdout
 
 
+def test_every_stage_and_objective_flag_has_its_registered_objective():
+    """train.py looks the objective up by name (--stage, or --objective for stage mars): each name the flags
+    accept is registered, by dual_track or by the comparison that owns it, and nothing else is."""
+    import nanomars.compare  # noqa: F401  (registers theirs, as train.py does)
+    from nanomars.dual_track import OBJECTIVES, STARTS
+    from nanomars.util.train_args import train_parser
+    choices = {a.dest: set(a.choices) for a in train_parser(None)._actions if a.choices}
+    assert set(OBJECTIVES) == (choices["stage"] - {"mars"}) | choices["objective"]
+    assert set(STARTS) <= choices["stage"] - {"ar", "mars"}
+
+
 def test_two_stages_and_resume(tmp_path):
     out = str(tmp_path)
     log = run(["--stage", "ar", "--max_iters", "3", "--out_dir", out, *TINY])

@@ -1,12 +1,17 @@
 """
 The paper's block-diffusion baseline (BD3LM), as the released code trains it, and a sampler to score it.
 It is here to be compared with MARS, which keeps attention left to right; docs/mars.md, "Baselines".
+Also what the baselines share with MARS's ablations: their masks (block_diffusion_mask, bd3lm_mask, on
+masks.dual_track_grid) and MDLM's diffusion times (diffusion_times). It registers three objectives of
+train.py --stage mars (dual_track.OBJECTIVES): bd3lm, csbd (MARS's loss, the noisy stream bidirectional
+inside a block) and no_sft_released (MARS with no clean loss, as the released code ran it: the noisy terms
+weighted by 1/t).
 
 Training (block_diffusion_loss), against MARS's dual_track_loss:
 - each sequence draws a time t = eps + (1 - eps) * U(0, 1) and hides each response token with
   probability t (not all of them): MDLM's linear schedule;
 - the noisy stream attends in both directions inside its block; the clean stream is block-causal
-  (masks.bd3lm_mask);
+  (bd3lm_mask);
 - only the noisy stream has a loss, on the hidden tokens, each weighted by 1/t (MDLM's weight for the
   linear schedule), over the sequence's target count ("sequence") or the batch's ("token").
 nanoMARS keeps its one shift here too: the output at position p predicts x_{p+1} (the released trainer
@@ -25,8 +30,43 @@ recomputes the whole sequence (a baseline, kept short).
 import torch
 
 from ..decode import Decoded, check_decode_args, cut
-from ..dual_track import IGNORE, diffusion_times
-from ..masks import bd3lm_mask, block_diffusion_mask
+from ..dual_track import IGNORE, OBJECTIVES, dual_track_objective
+from ..masks import dual_track_grid
+
+EPS = 1e-3  # the released trainers' time_epsilon: a diffusion time t is never below it, so 1/t <= 1000
+
+
+def diffusion_times(N, generator):
+    """(N,) times t = eps + (1 - eps) * U(0, 1), one per sequence, as the released diffusion-style trainers
+    draw them (MDLM with a linear schedule: hide each token with probability t, weight its loss by 1/t)."""
+    return EPS + (1 - EPS) * torch.rand(N, device=generator.device, generator=generator)
+
+
+def block_diffusion_mask(L, block_size, device=None, offset=0):
+    """Block diffusion, causal-clean variant (the released code's csbd_mask): like mars_train_mask (same
+    blocks, same offset argument), but a noisy token sees EVERY noisy token of its block, later ones
+    included. That breaks the left-to-right attention of AR (docs/mars.md, section 1, difference 2)."""
+    (qn, qt, qk), (kn, kt, kk) = dual_track_grid(L, block_size, offset, device)
+    clean_clean = ~qn & ~kn & (kt <= qt)
+    noisy_noisy = qn & kn & (kk == qk)
+    noisy_clean = qn & ~kn & (kk < qk)
+    return clean_clean | noisy_noisy | noisy_clean
+
+
+def bd3lm_mask(L, block_size, device=None):
+    """Block diffusion as the paper's BD3LM baseline ran it (the released code's block_diff_mask, in
+    nanoMARS's [clean | noisy] order):
+    clean t -> clean s  iff k(s) <= k(t)      (BLOCK-causal: a clean token sees all of its own block)
+    noisy t -> noisy s  iff k(s) == k(t)      (both directions inside its block)
+    noisy t -> clean s  iff k(s) <  k(t)
+    clean t -> noisy s  never
+    The clean stream carries no loss there (only the noisy one does), so seeing later tokens of its own
+    block leaks nothing: a noisy query reads clean tokens of earlier blocks only."""
+    (qn, qt, qk), (kn, kt, kk) = dual_track_grid(L, block_size, 0, device)
+    clean_clean = ~qn & ~kn & (kk <= qk)
+    noisy_noisy = qn & kn & (kk == qk)
+    noisy_clean = qn & ~kn & (kk < qk)
+    return clean_clean | noisy_noisy | noisy_clean
 
 
 def block_diffusion_loss(model, x, response, targets, block_size, mask_id, generator, loss_norm="sequence"):
@@ -91,3 +131,28 @@ def block_diffusion_decode(model, prompt, max_new_tokens, mask_id, block_size=4,
         if stopped:
             break
     return out
+
+
+# ------------------------------------------------------------------------- train.py --stage mars objectives
+def bd3lm_objective(args, mask_id):
+    """--objective bd3lm: block_diffusion_loss (dual_track.OBJECTIVES explains objectives)."""
+    B, norm = args.block_size, args.loss_norm
+    def loss(model, x, response, targets, offsets, gen):
+        total, noisy = block_diffusion_loss(model, x, response, targets, B, mask_id, gen, norm)
+        return total, {"noisy": noisy}
+    return f"the block-diffusion baseline (objective bd3lm), block_size {B}, loss_norm {norm}", loss
+
+
+def csbd_objective(args, mask_id):
+    """--objective csbd: MARS's dual-track loss under block_diffusion_mask."""
+    return dual_track_objective(args, mask_id, make_mask=block_diffusion_mask)
+
+
+def no_sft_released_objective(args, mask_id):
+    """--objective no_sft_released: MARS's noisy loss alone (alpha 0), each sequence's terms weighted by
+    1/t, one t = diffusion_times per sequence: MARSTrainerNoSFT keeps MDLM's weight (mean ~7) while hiding
+    every response token."""
+    return dual_track_objective(args, mask_id, alpha=0.0, noisy_weights=lambda N, gen: 1 / diffusion_times(N, gen))
+
+
+OBJECTIVES.update(bd3lm=bd3lm_objective, csbd=csbd_objective, no_sft_released=no_sft_released_objective)

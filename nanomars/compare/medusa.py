@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from ..util.checkpoint import load_model
 from ..decode import check_tau, gate, n_accepted, next_tokens, propose, sample, sampling_dist
 from ..engine import Accepted, Fed, Strategy
-from ..dual_track import IGNORE, reduce_loss
+from ..dual_track import IGNORE, OBJECTIVES, STARTS, reduce_loss
 from ..masks import causal_mask
 from ..model import Config, Decoder, chunked_cross_entropy
 from .speculative import Verified
@@ -144,8 +144,10 @@ def medusa_loss(model, x, targets, K, loss_norm="token"):
     return (weights * per_head).sum(), per_head.detach()
 
 
-def medusa_objective(K, loss_norm):
-    """train.py's objective for --stage medusa: (what it trains, in words, and the loss function)."""
+def medusa_objective(args, mask_id):
+    """train.py --stage medusa's objective (dual_track.OBJECTIVES explains objectives): medusa_loss with
+    block_size-1 heads."""
+    K, loss_norm = args.block_size - 1, args.loss_norm
     def heads(model, x, response, targets, offsets, gen):
         loss, per_head = medusa_loss(model, x, targets, K, loss_norm)
         return loss, {f"head{k + 1}": ce for k, ce in enumerate(per_head)}
@@ -154,9 +156,9 @@ def medusa_objective(K, loss_norm):
 
 
 def medusa_start(args, init_from):
-    """Where train.py --stage medusa starts, as its load_start returns it: (model, tokenizer, hf_folder,
-    step, what restore loads). Fresh: the model at init_from (default out_dir/ar.pt), frozen, and
-    block_size-1 zero heads; --resume: out_dir/medusa.pt and its AdamW state."""
+    """Where train.py --stage medusa starts (dual_track.STARTS), as its load_start returns it: (model,
+    tokenizer, hf_folder, step, what restore loads). Fresh: the model at init_from (default out_dir/ar.pt),
+    frozen, and block_size-1 zero heads; --resume: out_dir/medusa.pt and its AdamW state."""
     K = args.block_size - 1
     if args.resume:
         medusa, tok, ckpt = load_medusa(os.path.join(args.out_dir, "medusa.pt"), args.device)
@@ -189,6 +191,10 @@ def load_medusa(path, device="cpu"):
     medusa = Medusa(Decoder(Config.from_dict(ckpt["config"])), K)
     medusa.load_state_dict(state)  # strict: a missing or unexpected weight is an error
     return medusa.to(device).eval(), load_default_tokenizer(), ckpt
+
+
+OBJECTIVES["medusa"] = medusa_objective
+STARTS["medusa"] = medusa_start
 
 
 # ------------------------------------------------------------------------------------------- decoding

@@ -1,7 +1,7 @@
 """
 train.py on several processes (torchrun), and its checkpoints. train.py calls these functions in order:
-init_distributed, load_resume (--resume), place, restore, parallel; every step gradient_sync and
-mean_over_ranks; save after each evaluation; close_distributed at the end. Two ways to use N GPUs:
+init_distributed, load_resume (--resume), distribute (place, the optimizer, restore, parallel); every step
+gradient_sync and mean_over_ranks; save after each evaluation; close_distributed at the end. Two ways to use N GPUs:
 - DistributedDataParallel (DDP, the default under torchrun): a full replica per GPU; backward averages the
   gradients over the ranks (an all-reduce), so every rank takes the same optimizer step.
 - FSDP2 (--fsdp, PyTorch's own torch.distributed.fsdp.fully_shard), for models that do not fit one GPU
@@ -59,6 +59,18 @@ def mean_over_ranks(t):
 
 
 # ------------------------------------------------------------------------------- the model on the ranks
+def distribute(model, args, saved):
+    """(raw_model, model, optimizer) for the training loop: the model placed on this rank (place: raw_model,
+    sharded in place under FSDP), its AdamW (args.lr, weight_decay, betas) with, on --resume, the state that
+    load_resume found restored (under FSDP also the weights), and what the loop calls (parallel: DDP under
+    torchrun without --fsdp, --compile)."""
+    raw_model = place(model, args.device, args.fsdp)
+    optimizer = raw_model.configure_optimizer(args.lr, args.weight_decay, tuple(args.betas))
+    if args.resume:
+        restore(raw_model, optimizer, saved)
+    return raw_model, parallel(raw_model, args.fsdp, args.compile), optimizer
+
+
 def place(model, device, fsdp):
     """The model on this rank's device, in place: moved whole, or (FSDP) sharded, each rank keeping 1/world of
     every weight. A model resumed under FSDP has no weights yet (load_resume built it on the meta device):

@@ -43,7 +43,8 @@ def train_parser(doc):
                    "'no_sft_released': that ablation as the released code ran it (noisy CE only, each sequence "
                    "weighted by 1/t, t ~ U(0.001, 1)); 'bd3lm': the paper's block-diffusion baseline as released "
                    "(nanomars/compare/block_diffusion.py); 'csbd': MARS's loss with the noisy stream bidirectional inside "
-                   "a block (masks.block_diffusion_mask)")
+                   "a block (block_diffusion_mask, in the same file). Each objective is registered by its module "
+                   "(dual_track.OBJECTIVES)")
     p.add_argument("--loss_norm", choices=["token", "sequence"], default="token",
                    help="'token': one mean over the batch's targets; 'sequence': each example's mean, then the "
                    "mean over examples (the released trainer's; short replies weigh more)")
