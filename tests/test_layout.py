@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READING_ORDER = ["masks", "model", "dual_track", "decode", "engine", "strategies", "batch_decode"]
 SUBPACKAGES = ["compare", "scale", "util"]
 PEER = re.compile(r"paper_|medusa|bd3lm|diffusion", re.IGNORECASE)  # the released sampler, Medusa, block diffusion
-NO_PEER = ["nanomars/masks.py", "nanomars/model.py", "nanomars/dual_track.py", "train.py"]
+NO_PEER = [f"nanomars/{name}.py" for name in READING_ORDER] + ["train.py"]
 
 
 def imported_modules(source, package):
@@ -106,8 +106,9 @@ def test_the_identifier_reader_sees_every_form():
 
 @pytest.mark.parametrize("path", NO_PEER)
 def test_the_method_and_train_py_name_no_peer_or_baseline(path):
-    """They live in nanomars/compare/ and plug in: train.py finds their objectives by name
-    (dual_track.OBJECTIVES), the masks and losses take theirs as arguments."""
+    """They live in nanomars/compare/ and plug in: the engine through its Strategy interface and cache
+    policies, train.py by finding their objectives by name (dual_track.OBJECTIVES), the losses by taking
+    their masks as arguments."""
     with open(os.path.join(ROOT, path)) as f:
         named = sorted({i for i in identifiers(f.read()) if PEER.search(i)})
     assert not named, (path, named)
