@@ -247,8 +247,10 @@ def test_train_py_stage_medusa(tmp_path):
     run(["--stage", "medusa", "--max_iters", "5", "--resume", "--out_dir", out, *TINY])
     assert load_medusa(f"{out}/medusa.pt")[2]["step"] == 5
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for flags, error in ((["--block_size", "1"], "need --block_size >= 2"), (["--fsdp"], "without --fsdp"),
-                         (["--resume", "--block_size", "3"], "has 3 heads, --block_size 3 trains 2")):
+    for flags, error in ((["--block_size", "1"], "need --block_size >= 2 or --medusa_heads"),
+                         (["--fsdp"], "without --fsdp"),
+                         (["--resume", "--medusa_heads", "2"], "has 3 heads, this run trains 2"),
+                         (["--resume", "--block_size", "3"], "resume with --medusa_heads 3")):
         proc = subprocess.run([sys.executable, "train.py", "--stage", "medusa", "--out_dir", out, *TINY, *flags],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and error in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

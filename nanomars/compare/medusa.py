@@ -8,7 +8,7 @@ lm_head predicts x_{t+1}):
 
 W_k and b_k start at zero, so every head starts as the base's own next-token head (SiLU(0) = 0). Only they
 train (train.py --stage medusa: loss sum_k 0.8^k CE(head_k, x_{t+1+k}) over response targets, Medusa's
-decaying weights): K x (C^2 + C) parameters, 49,536 for the default model (C = 128, K = B-1 = 3). Medusa
+decaying weights): K x (C^2 + C) parameters, 49,536 for the default model (C = 128, K = 3, train.py's default --medusa_heads = block_size-1). Medusa
 itself gives each head its own copy of the lm_head to train (K x V x C more: 394,752 for the default
 model's V = 1028); sharing the frozen one is the cheaper variant, the one built here.
 
@@ -146,8 +146,8 @@ def medusa_loss(model, x, targets, K, loss_norm="token"):
 
 def medusa_objective(args, mask_id):
     """train.py --stage medusa's objective (dual_track.OBJECTIVES explains objectives): medusa_loss with
-    block_size-1 heads."""
-    K, loss_norm = args.block_size - 1, args.loss_norm
+    --medusa_heads heads."""
+    K, loss_norm = args.medusa_heads, args.loss_norm
     def heads(model, x, response, targets, offsets, gen):
         loss, per_head = medusa_loss(model, x, targets, K, loss_norm)
         return loss, {f"head{k + 1}": ce for k, ce in enumerate(per_head)}
@@ -158,13 +158,13 @@ def medusa_objective(args, mask_id):
 def medusa_start(args, init_from):
     """Where train.py --stage medusa starts (dual_track.STARTS), as its load_start returns it: (model,
     tokenizer, hf_folder, step, what restore loads). Fresh: the model at init_from (default out_dir/ar.pt),
-    frozen, and block_size-1 zero heads; --resume: out_dir/medusa.pt and its AdamW state."""
-    K = args.block_size - 1
+    frozen, and --medusa_heads zero heads; --resume: out_dir/medusa.pt and its AdamW state."""
+    K = args.medusa_heads
     if args.resume:
         medusa, tok, ckpt = load_medusa(os.path.join(args.out_dir, "medusa.pt"), args.device)
         if medusa.n_heads != K:
-            raise ValueError(f"{args.out_dir}/medusa.pt has {medusa.n_heads} heads, --block_size {args.block_size} "
-                             f"trains {K}: resume with --block_size {medusa.n_heads + 1}")
+            raise ValueError(f"{args.out_dir}/medusa.pt has {medusa.n_heads} heads, this run trains {K} "
+                             f"(--medusa_heads, default block_size-1): resume with --medusa_heads {medusa.n_heads}")
         return medusa, tok, None, ckpt["step"], ckpt["optimizer"]
     base, tok, _, ckpt = load_model(init_from, args.device, torch.float32)
     if ckpt is None or ckpt["args"].get("hf_folder"):

@@ -17,7 +17,7 @@ def train_parser(doc):
     p.add_argument("--config", default=None, help="a preset (config/*.py): its values act as flags given first, "
                    "so flags on the command line win")
     p.add_argument("--stage", choices=["ar", "mars", "medusa"], default="ar", help="ar: stage 1; mars: stage 2; "
-                   "medusa: a peer of stage 2, block_size-1 Medusa-1 heads trained on the frozen stage-1 model "
+                   "medusa: a peer of stage 2, --medusa_heads Medusa-1 heads trained on the frozen stage-1 model "
                    "(nanomars/compare/medusa.py)")
     p.add_argument("--out_dir", default="out")
     p.add_argument("--init_from", default=None, help="stage ar: 'scratch' (default) or a Hugging Face folder; "
@@ -37,6 +37,8 @@ def train_parser(doc):
                    "(default: 512, or the model's context if shorter)")
     # the method
     p.add_argument("--block_size", type=positive_int, default=4)
+    p.add_argument("--medusa_heads", type=positive_int, default=None, help="stage medusa: how many heads; default "
+                   "block_size-1 (as many proposals per forward as MARS at --block_size)")
     p.add_argument("--alpha", type=nonneg_float, default=1.0, help="weight of the clean-stream (AR) loss; 0 = no SFT loss")
     p.add_argument("--objective", choices=["mars", "no_sft_released", "bd3lm", "csbd"], default="mars",
                    help="stage mars: 'mars': noisy CE + alpha x clean CE (alpha 0 = the no-SFT ablation, plain); "
@@ -140,8 +142,10 @@ def parse_args(argv=None, doc=None):
         args.random_offsets = dual_track
     if args.objective != "mars" and args.stage != "mars":
         p.error(f"--objective {args.objective} is a stage-2 objective: use it with --stage mars")
-    if args.stage == "medusa" and args.block_size < 2:
-        p.error("--stage medusa trains block_size-1 heads: need --block_size >= 2")
+    if args.stage == "medusa" and args.medusa_heads is None:
+        if args.block_size < 2:
+            p.error("--stage medusa trains block_size-1 heads by default: need --block_size >= 2 or --medusa_heads")
+        args.medusa_heads = args.block_size - 1
     if args.stage == "medusa" and args.fsdp:
         p.error("--stage medusa trains a few small heads: run it without --fsdp (one process or DDP)")
     return args
