@@ -380,7 +380,7 @@ for ax in (ax1, ax2):
     ax.set_xticks(args.batch_sizes, [str(b) for b in args.batch_sizes])
     ax.minorticks_off()
 ax1.axhline(1.0, color="gray", lw=0.5)
-ax1.plot([4, 8, 16], [1.71, 1.60, 1.34], "k*", ms=10, label="paper: block cache, 7B GPU")
+ax1.plot([4, 8, 16], [1.71, 1.60, 1.34], "k*", ms=10, label="paper Table 5: block cache, 7B GPU, tau 0.95")
 fig.legend(*ax1.get_legend_handles_labels(), fontsize=7, loc="outside right upper")
 fig.savefig(args.out + ".png", dpi=120)
 print(f"wrote {args.out}.json and {args.out}.png")
