@@ -1,5 +1,6 @@
 import copy
 import os
+import subprocess
 import sys
 
 import pytest
@@ -10,6 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nanomars.masks import causal_mask  # noqa: E402
 from nanomars.model import Config, Decoder, KVCache  # noqa: E402
 from nanomars.compare.medusa import Medusa, medusa_loss  # noqa: E402
+from nanomars.decode import sample, sampling_dist  # noqa: E402
 from nanomars.dual_track import collate  # noqa: E402
 from nanomars.util.tasks import held_out_split, train_examples  # noqa: E402
 
@@ -163,4 +165,86 @@ def medusa(tok, zero_heads):
     return model.eval()
 
 
+# ------------------------------------------------------- helpers several test files share (not tests)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--n_kv_head", "1", "--intermediate_size", "64",
+        "--batch_size", "4", "--n_train", "200", "--eval_interval", "3", "--eval_batches", "1", "--device", "cpu"]
 
+
+def run_train(args, launcher=(sys.executable,)):
+    """python train.py ARGS from the repo root, one thread; its stdout (a failure shows its output)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*launcher, os.path.join(ROOT, "train.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def small_vocab_model(seed=0):
+    """Vocabulary of 8 (id 7 is the mask), untied head: the masks' guesses are sometimes right, so drafts
+    get kept, cut and rejected. (A tied random model only ever drafts its mask id: nothing is kept.)"""
+    return random_model(seed=seed, vocab_size=8, tie_embeddings=False)
+
+
+PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+SMALL_PROMPTS = [[1, 2, 3], [5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], [4, 4]]
+
+
+V, K = 8, 3  # vocabulary, generated tokens whose joint distribution is tested (V**K = 512 outcomes)
+N_SAMPLES = 6000
+
+
+@torch.no_grad()
+def exact_ar_distribution(model, prompt, temperature, top_k):
+    """P(x1, x2, x3) of AR sampling, by enumeration with full causal forwards: (V**K,)."""
+    P = len(prompt)
+    seqs = torch.tensor([prompt + [a, b] for a in range(V) for b in range(V)])  # (V*V, P+2)
+    logits = model(seqs, torch.arange(P + 2)[None].expand(V * V, -1), causal_mask(P + 2)) / temperature
+    if top_k is not None:
+        kth = logits.sort(-1, descending=True).values[..., top_k - 1:top_k]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    p = logits.softmax(-1)
+    p1, p2, p3 = p[0, P - 1], p[::V, P], p[:, P + 1].view(V, V, V)  # x1; x2 | x1; x3 | x1, x2
+    return (p1[:, None, None] * p2[:, :, None] * p3).flatten()
+
+
+def chi_square_pvalue(out, expected):
+    """Pearson's chi-square of the rows' first K tokens against `expected`; outcomes expected fewer than
+    5 times are pooled into one cell. Returns the p-value."""
+    t = torch.tensor([r.tokens[:K] for r in out.rows])
+    observed = torch.bincount(t[:, 0] * V * V + t[:, 1] * V + t[:, 2], minlength=V ** K).double()
+    expected = expected.double() * len(t)
+    rare = expected < 5
+    observed = torch.cat([observed[~rare], observed[rare].sum()[None]])
+    expected = torch.cat([expected[~rare], expected[rare].sum()[None]])
+    stat = ((observed - expected) ** 2 / expected).sum()
+    dof = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))  # the chi-square survival function
+
+
+def keep_every_draft(draft, n_draft, logits, q, temperature, top_k, generator):
+    """WRONG: no verification: every draft token is kept, then AR's bonus after them."""
+    p = sampling_dist(logits, temperature, top_k)  # (n, D+1, V)
+    bonus = sample(p.gather(1, n_draft[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0], generator)
+    return torch.cat([draft, draft[:, :1]], 1).scatter(1, n_draft[:, None], bonus[:, None]), n_draft
+
+
+def replace_from_p(draft, n_draft, logits, q, temperature, top_k, generator):
+    """WRONG, subtly: the right acceptance test min(1, p/q), but a rejected token is replaced by a sample
+    of p instead of the residual max(0, p - q)."""
+    D = draft.shape[1]
+    p = sampling_dist(logits, temperature, top_k)
+    px = p[:, :D].gather(-1, draft[..., None])[..., 0]
+    qx = q.gather(-1, draft[..., None])[..., 0]
+    u = torch.rand(px.shape, generator=generator)
+    a = ((torch.arange(D) < n_draft[:, None]) & (u * qx < px)).long().cumprod(1).sum(1)
+    p_a = p.gather(1, a[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0]
+    return torch.cat([draft, draft[:, :1]], 1).scatter(1, a[:, None], sample(p_a, generator)[:, None]), a
+
+
+def path(parents, f):
+    """Fed token f's ancestors and itself, root to f."""
+    out = [f]
+    while parents[out[-1]] >= 0:
+        out.append(int(parents[out[-1]]))
+    return out[::-1]

@@ -4,12 +4,11 @@ plain single-sequence decoders agree with the engine."""
 import pytest
 import torch
 
-from conftest import random_model
+from conftest import PROMPTS, random_model
 from nanomars.batch_decode import batch_ar, batch_lossless
 from nanomars.decode import Spans, ar_decode, lossless_decode, mars_decode, propose
 from nanomars.engine import Accepted, Engine, Fed, NoCache, PerRequestCache, Strategy
 
-PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
 class RepeatLastToken(Strategy):

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
+from conftest import ROOT, TINY, run_train
 from nanomars.util.checkpoint import load_checkpoint, load_model
-from test_train import ROOT, TINY, run
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
 # --warmup 100 > max_iters: the lr ramps the same way whatever --max_iters is, so 2 steps then --resume to 4
@@ -32,13 +32,13 @@ def max_weight_diff(path_a, path_b):
 def sharded_run(tmp_path_factory):
     """4 steps, 2 processes x 4 examples (tied embeddings, from scratch): (out_dir, log)."""
     out = tmp_path_factory.mktemp("fsdp")
-    return out, run([*COMMON, "--fsdp", "--max_iters", "4", "--out_dir", str(out)], TORCHRUN)
+    return out, run_train([*COMMON, "--fsdp", "--max_iters", "4", "--out_dir", str(out)], TORCHRUN)
 
 
 def test_sharded_training_equals_one_process(sharded_run, tmp_path):
     out, log = sharded_run
     # the same global batch of 8 as 1 process x 2 micro-steps of 4 (train.py's draw_step)
-    one = run([*COMMON, "--grad_accum", "2", "--max_iters", "4", "--out_dir", str(tmp_path)])
+    one = run_train([*COMMON, "--grad_accum", "2", "--max_iters", "4", "--out_dir", str(tmp_path)])
     assert len(step_losses(log)) == 4 and step_losses(log) == pytest.approx(step_losses(one), abs=1e-4)
     # only the order of float32 sums differs (reduce-scatter, the sharded gradient norm); AdamW's division by
     # sqrt(v) magnifies it for tiny gradients: measured 5e-7 after 4 steps, on weights of size ~0.02
@@ -48,11 +48,11 @@ def test_sharded_training_equals_one_process(sharded_run, tmp_path):
 
 def test_sharded_resume_continues_exactly(sharded_run, tmp_path):
     out, log = sharded_run
-    run([*COMMON, "--fsdp", "--max_iters", "2", "--out_dir", str(tmp_path)], TORCHRUN)
+    run_train([*COMMON, "--fsdp", "--max_iters", "2", "--out_dir", str(tmp_path)], TORCHRUN)
     # a later save that was interrupted: a half-written folder that 'latest' does not point to
     (tmp_path / "ar_dcp" / "step_0000009").mkdir()
     (tmp_path / "ar_dcp" / "step_0000009" / "__0_0.distcp").write_bytes(b"half")
-    resumed = run([*COMMON, "--fsdp", "--max_iters", "4", "--resume", "--out_dir", str(tmp_path)], TORCHRUN)
+    resumed = run_train([*COMMON, "--fsdp", "--max_iters", "4", "--resume", "--out_dir", str(tmp_path)], TORCHRUN)
     assert step_losses(resumed) == step_losses(log)[2:]
     assert max_weight_diff(out / "ar.pt", tmp_path / "ar.pt") == 0.0  # measured: bit for bit
     assert sorted(p.name for p in (tmp_path / "ar_dcp").iterdir()) == ["latest", "step_0000004"]
@@ -71,7 +71,7 @@ def test_sharded_export_loads_in_nanomars_and_transformers(tmp_path):
                                                        {"role": "assistant", "content": str(2 * i)}]})
                               for i in range(60)))
     out = tmp_path / "out"
-    run(["--fsdp", "--stage", "mars", "--init_from", str(tmp_path / "hf"), "--data", str(data), "--random_offsets",
+    run_train(["--fsdp", "--stage", "mars", "--init_from", str(tmp_path / "hf"), "--data", str(data), "--random_offsets",
          "--grad_checkpointing", "--max_iters", "2", "--batch_size", "2", "--eval_interval", "2",
          "--eval_batches", "1", "--lr", "1e-3", "--out_dir", str(out), "--device", "cpu"], TORCHRUN)
     ours, tok, _, _ = load_model(str(out / "mars_hf"), "cpu", torch.float32)

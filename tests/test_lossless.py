@@ -2,28 +2,18 @@
 model; sampled output must be distributed as AR sampling (checked with a chi-square test that is also
 shown to reject wrong acceptance rules)."""
 import pytest
-import torch
 
 import nanomars.strategies as strategies_module
-from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
+from conftest import (K, N_SAMPLES, PROMPTS, SMALL_PROMPTS, assert_cache_is_a_fresh_prefill,
+                      chi_square_pvalue, exact_ar_distribution, held_out_prompts, keep_every_draft, random_model,
+                      replace_from_p, small_vocab_model)
 from nanomars.compare.block_cache import BlockCache
 from nanomars.batch_decode import batch_ar, batch_decode, batch_lossless
 from nanomars.engine import Engine
 from nanomars.strategies import Lossless
-from nanomars.decode import ar_decode, lossless_decode, sample, sampling_dist
-from nanomars.masks import causal_mask
+from nanomars.decode import ar_decode, lossless_decode
 
 STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache=BlockCache(4))]
-PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
-
-
-def small_vocab_model(seed=0):
-    """Vocabulary of 8 (id 7 is the mask), untied head: the masks' guesses are sometimes right, so drafts
-    get kept, cut and rejected. (A tied random model only ever drafts its mask id: nothing is kept.)"""
-    return random_model(seed=seed, vocab_size=8, tie_embeddings=False)
-
-
-SMALL_PROMPTS = [[1, 2, 3], [5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], [4, 4]]
 
 
 def check_spans(out, B, max_new):
@@ -137,58 +127,6 @@ def test_bad_inputs_give_clear_errors():
 
 
 # --- sampling -------------------------------------------------------------------------------------------
-
-V, K = 8, 3  # vocabulary, generated tokens whose joint distribution is tested (V**K = 512 outcomes)
-N_SAMPLES = 6000
-
-
-@torch.no_grad()
-def exact_ar_distribution(model, prompt, temperature, top_k):
-    """P(x1, x2, x3) of AR sampling, by enumeration with full causal forwards: (V**K,)."""
-    P = len(prompt)
-    seqs = torch.tensor([prompt + [a, b] for a in range(V) for b in range(V)])  # (V*V, P+2)
-    logits = model(seqs, torch.arange(P + 2)[None].expand(V * V, -1), causal_mask(P + 2)) / temperature
-    if top_k is not None:
-        kth = logits.sort(-1, descending=True).values[..., top_k - 1:top_k]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    p = logits.softmax(-1)
-    p1, p2, p3 = p[0, P - 1], p[::V, P], p[:, P + 1].view(V, V, V)  # x1; x2 | x1; x3 | x1, x2
-    return (p1[:, None, None] * p2[:, :, None] * p3).flatten()
-
-
-def chi_square_pvalue(out, expected):
-    """Pearson's chi-square of the rows' first K tokens against `expected`; outcomes expected fewer than
-    5 times are pooled into one cell. Returns the p-value."""
-    t = torch.tensor([r.tokens[:K] for r in out.rows])
-    observed = torch.bincount(t[:, 0] * V * V + t[:, 1] * V + t[:, 2], minlength=V ** K).double()
-    expected = expected.double() * len(t)
-    rare = expected < 5
-    observed = torch.cat([observed[~rare], observed[rare].sum()[None]])
-    expected = torch.cat([expected[~rare], expected[rare].sum()[None]])
-    stat = ((observed - expected) ** 2 / expected).sum()
-    dof = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, stat / 2))  # the chi-square survival function
-
-
-def keep_every_draft(draft, n_draft, logits, q, temperature, top_k, generator):
-    """WRONG: no verification: every draft token is kept, then AR's bonus after them."""
-    p = sampling_dist(logits, temperature, top_k)  # (n, D+1, V)
-    bonus = sample(p.gather(1, n_draft[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0], generator)
-    return torch.cat([draft, draft[:, :1]], 1).scatter(1, n_draft[:, None], bonus[:, None]), n_draft
-
-
-def replace_from_p(draft, n_draft, logits, q, temperature, top_k, generator):
-    """WRONG, subtly: the right acceptance test min(1, p/q), but a rejected token is replaced by a sample
-    of p instead of the residual max(0, p - q)."""
-    D = draft.shape[1]
-    p = sampling_dist(logits, temperature, top_k)
-    px = p[:, :D].gather(-1, draft[..., None])[..., 0]
-    qx = q.gather(-1, draft[..., None])[..., 0]
-    u = torch.rand(px.shape, generator=generator)
-    a = ((torch.arange(D) < n_draft[:, None]) & (u * qx < px)).long().cumprod(1).sum(1)
-    p_a = p.gather(1, a[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0]
-    return torch.cat([draft, draft[:, :1]], 1).scatter(1, a[:, None], sample(p_a, generator)[:, None]), a
-
 
 SAMPLING = [dict(temperature=0.05, top_k=None, cache="request", block_size=4),
             dict(temperature=0.08, top_k=4, cache=BlockCache(2), block_size=3)]

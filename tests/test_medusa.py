@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import POLICIES, decode, held_out_prompts, random_heads, random_model, spans, tokens
+from conftest import (K, N_SAMPLES, POLICIES, PROMPTS, ROOT, SMALL_PROMPTS, TINY, chi_square_pvalue, decode,
+                      exact_ar_distribution, held_out_prompts, keep_every_draft, random_heads,
+                      random_model, replace_from_p, run_train, small_vocab_model, spans, tokens)
 from nanomars.batch_decode import batch_ar
 from nanomars.util.checkpoint import save_checkpoint
 from nanomars.dual_track import IGNORE, collate
@@ -20,10 +22,7 @@ from nanomars.masks import causal_mask
 from nanomars.compare.medusa import Medusa, MedusaGate, MedusaHeads, head_targets, load_medusa, medusa_loss
 from nanomars.model import Config, Decoder
 from nanomars.util.tasks import held_out_split
-from test_lossless import SMALL_PROMPTS, small_vocab_model
-from test_train import ROOT, TINY, run
 
-PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
 def held_out_batch(tok):
@@ -146,11 +145,12 @@ def test_verified_heads_are_greedy_ar_and_follow_the_reference(policy):
         free = batch_ar(model, prompts, 30)
         stop = {free.rows[0].tokens[3]}  # rows stop at different steps, some inside a drafted span
         ar = batch_ar(model, prompts, 30, stop)
-        for K in (1, 3):
-            medusa = random_heads(model, K, seed=K)
+        for n_heads in (1, 3):
+            medusa = random_heads(model, n_heads, seed=n_heads)
             out = decode(medusa, prompts, 30, MedusaHeads(medusa), stop, policy)
             assert tokens(out) == tokens(ar)
-            assert all(sum(r.spans, []) == r.tokens and all(1 <= len(s) <= K + 1 for s in r.spans) for r in out.rows)
+            assert all(sum(r.spans, []) == r.tokens and all(1 <= len(s) <= n_heads + 1 for s in r.spans)
+                       for r in out.rows)
             for prompt, row in zip(prompts, out.rows):  # batched == alone, span for span
                 assert spans(decode(medusa, [prompt], 30, MedusaHeads(medusa), stop, policy)) == [row.spans]
             nonstop = decode(medusa, prompts, 30, MedusaHeads(medusa), (), policy)
@@ -235,8 +235,8 @@ def test_train_py_stage_medusa(tmp_path):
     """train.py --stage medusa from a stage-1 checkpoint: the heads move, the base is ar.pt's bit for bit,
     the run resumes; bad flags are one error line."""
     out = str(tmp_path)
-    run(["--stage", "ar", "--max_iters", "2", "--out_dir", out, *TINY])
-    log = run(["--stage", "medusa", "--max_iters", "3", "--out_dir", out, *TINY])
+    run_train(["--stage", "ar", "--max_iters", "2", "--out_dir", out, *TINY])
+    log = run_train(["--stage", "medusa", "--max_iters", "3", "--out_dir", out, *TINY])
     assert log.splitlines()[0].startswith(f"stage medusa: Medusa-1, 3 heads on the frozen base") and "head3" in log
     medusa, _, ckpt = load_medusa(f"{out}/medusa.pt")
     ar = torch.load(f"{out}/ar.pt", weights_only=True)["model"]
@@ -244,7 +244,7 @@ def test_train_py_stage_medusa(tmp_path):
     assert all(torch.equal(v, ar[k]) for k, v in medusa.base.state_dict().items())
     assert all(w.weight.abs().sum() > 0 for w in medusa.heads)  # they trained from zero
     assert medusa.extra_params() == 3 * (32 * 32 + 32)
-    run(["--stage", "medusa", "--max_iters", "5", "--resume", "--out_dir", out, *TINY])
+    run_train(["--stage", "medusa", "--max_iters", "5", "--resume", "--out_dir", out, *TINY])
     assert load_medusa(f"{out}/medusa.pt")[2]["step"] == 5
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for flags, error in ((["--block_size", "1"], "need --block_size >= 2 or --medusa_heads"),
@@ -254,3 +254,24 @@ def test_train_py_stage_medusa(tmp_path):
         proc = subprocess.run([sys.executable, "train.py", "--stage", "medusa", "--out_dir", out, *TINY, *flags],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and error in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_sampled_heads_have_ar_distribution_and_wrong_rules_fail(monkeypatch):
+    """MedusaHeads sampled: the draft drawn from the heads' distributions, verified by the rule prompt
+    lookup and the draft model share (decode.verify_draft), so the first K tokens of N_SAMPLES rows follow
+    the base's exact AR sampling law (the chi-square test of test_lossless.py). Measured p-values at
+    temperature 0.5: 0.75 (random heads), 0.48 (zero heads); the wrong rules < 1e-6."""
+    import nanomars.compare.speculative as speculative_module
+    model = small_vocab_model()
+    medusa, expected = random_heads(model, 3), exact_ar_distribution(model, [1, 2, 3], 0.5, None)
+
+    def run():
+        return decode(medusa, [[1, 2, 3]] * N_SAMPLES, K, MedusaHeads(medusa, temperature=0.5, seed=0))
+
+    out = run()
+    assert chi_square_pvalue(out, expected) > 1e-3
+    assert out.tokens_per_forward > 1.2  # drafts were kept, not only rejected
+    for rule in (keep_every_draft, replace_from_p):
+        monkeypatch.setattr(speculative_module, "verify_draft", rule)
+        assert chi_square_pvalue(run(), expected) < 1e-6
+    monkeypatch.undo()

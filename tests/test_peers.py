@@ -6,16 +6,14 @@ import pytest
 import torch
 
 import nanomars.compare.speculative as peers_module
-from conftest import (POLICIES, assert_cache_is_a_fresh_prefill, constant_model, decode, held_out_prompts,
-                      random_model, spans, tokens, train_briefly)
+from conftest import (K, N_SAMPLES, POLICIES, PROMPTS, SMALL_PROMPTS, assert_cache_is_a_fresh_prefill,
+                      chi_square_pvalue, constant_model, decode, exact_ar_distribution, held_out_prompts,
+                      keep_every_draft, random_model, replace_from_p, small_vocab_model, spans, tokens, train_briefly)
 from nanomars.batch_decode import batch_ar
 from nanomars.engine import Engine
 from nanomars.model import Config, Decoder
 from nanomars.compare.speculative import DraftModel, PromptLookup, lookup
-from test_lossless import (K, N_SAMPLES, SMALL_PROMPTS, chi_square_pvalue, exact_ar_distribution,
-                           keep_every_draft, replace_from_p, small_vocab_model)
 
-PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
 @pytest.fixture(scope="session")

@@ -7,15 +7,14 @@ import pytest
 import torch
 
 import nanomars.compare.stack as stack_module
-from conftest import (assert_cache_is_a_fresh_prefill, constant_model, decode, held_out_prompts, random_model, spans,
-                      tokens)
+from conftest import (PROMPTS, SMALL_PROMPTS, assert_cache_is_a_fresh_prefill, constant_model, decode,
+                      held_out_prompts, path, random_model, small_vocab_model, spans, tokens)
 from nanomars.compare.block_cache import BlockCache
 from nanomars.batch_decode import batch_ar
 from nanomars.engine import Engine, PerRequestCache
 from nanomars.compare.speculative import PromptLookup
 from nanomars.compare.stack import StackedTree, hang_chain
 from nanomars.compare.tree import TreeLossless, best_tree
-from test_tree import PROMPTS, SMALL_PROMPTS, path, small_vocab_model
 
 POLICIES = ["request", "none"]
 

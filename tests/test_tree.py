@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import nanomars.compare.tree as tree_module
-from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
+from conftest import (PROMPTS, SMALL_PROMPTS, assert_cache_is_a_fresh_prefill, held_out_prompts, path,
+                      random_model, small_vocab_model)
 from nanomars.compare.block_cache import BlockCache
 from nanomars.batch_decode import batch_ar, batch_lossless
 from nanomars.engine import Engine, NoCache, PerRequestCache, forward_window
@@ -19,18 +20,11 @@ from nanomars.compare.medusa import MedusaTree
 from nanomars.compare.tree import TreeLossless, best_tree
 from conftest import random_heads
 
-PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
-SMALL_PROMPTS = [[1, 2, 3], [5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], [4, 4]]
 POLICIES = [PerRequestCache, NoCache]
 
 
 def tree_decode(model, prompts, max_new, mask_id, B=4, nodes=8, top_k=3, stop_ids=(), policy=PerRequestCache):
     return Engine(model, prompts, max_new, TreeLossless(mask_id, B, nodes, top_k), stop_ids, policy()).run()
-
-
-def small_vocab_model(seed=0):
-    """Vocabulary of 8 (id 7 is the mask), untied head: the masks' guesses are sometimes right."""
-    return random_model(seed=seed, vocab_size=8, tie_embeddings=False)
 
 
 def fed_tree(N, B, seed=0, V=13):
@@ -42,14 +36,6 @@ def fed_tree(N, B, seed=0, V=13):
     eng = SimpleNamespace(active=torch.zeros(1), dev=torch.device("cpu"), n_pend=torch.zeros(1, dtype=torch.long))
     fed = strategy.feed(eng)  # what feed() reads of the engine
     return fed.tokens[0], fed.parents[0]
-
-
-def path(parents, f):
-    """Fed token f's ancestors and itself, root to f."""
-    out = [f]
-    while parents[out[-1]] >= 0:
-        out.append(int(parents[out[-1]]))
-    return out[::-1]
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ forwards)."""
 import pytest
 import torch
 
-from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model
+from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model, small_vocab_model
 from nanomars.batch_decode import batch_ar, batch_decode, mars_engine
 from nanomars.compare.block_cache import BlockCache, PaperBlockEngine, batch_paper_block
 from nanomars.decode import accept, cut
@@ -25,12 +25,6 @@ def cache_id(kw):
 
 def option_id(kw):
     return next(iter(kw))
-
-
-def small_vocab_model(seed=0):
-    """Vocabulary of 8 (id 7 is the mask), untied head: proposals are often likely enough to pass a low
-    tau, so multi-token spans and windows that bind happen on a random model."""
-    return random_model(seed=seed, vocab_size=8, tie_embeddings=False)
 
 
 def peaked_model():

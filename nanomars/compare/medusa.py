@@ -221,8 +221,9 @@ class MedusaHeads(Verified):
     def start(self, eng):
         check_engine(eng, self.medusa)
         super().start(eng)
-        self.draft = eng.pending.new_zeros((len(eng.active), self.medusa.n_heads))  # (n, K)
-        self.n_draft, self.q = torch.zeros_like(eng.n_pend), None
+        n, K, V = len(eng.active), self.medusa.n_heads, eng.model.config.vocab_size
+        self.draft, self.n_draft = eng.pending.new_zeros((n, K)), torch.zeros_like(eng.n_pend)  # none yet
+        self.q = torch.zeros(n, K, V, device=eng.dev) if self.temperature > 0 else None  # (n, K, V) sampling
 
     def feed(self, eng):
         return Fed(self.draft, self.n_draft)
