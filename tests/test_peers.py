@@ -2,6 +2,8 @@
 the target verify. Greedy output must be greedy AR's token for token (random and trained models, every
 cache policy, batched or alone); sampled output must be distributed as AR sampling (the chi-square test
 of test_lossless.py, also shown to reject wrong rules); drafts must actually be kept."""
+import copy
+
 import pytest
 import torch
 
@@ -134,9 +136,11 @@ def test_the_target_as_its_own_draft_model_keeps_every_draft(tok, trained):
 
 
 def test_the_draft_cache_holds_only_the_known_tokens(tok, trained, draft):
-    """After every step each row's draft cache, up to its length, is a fresh prefill of the row's known
-    tokens (prompt and accepted ones): rejected draft tokens were rolled back, none is missing; only the
-    last known token (or the kept draft's last ones) is left for the next feed."""
+    """After every step each row's draft cache, up to what the next feed keeps (its length, at most the
+    known tokens but the last), is a fresh prefill of the row's known tokens (prompt and accepted ones):
+    what the next feed keeps holds no rejected draft token and misses none; only the last known token (or
+    the kept draft's last ones) is left for it to feed. Past that lie the last draft's tokens, which that
+    feed rolls back (under the block cache also a waiting row's, whose known tokens the engine put back)."""
     prompts = held_out_prompts(tok)[:4]
     for policy in ("request", "block"):
         strategy = DraftModel(draft, 3)
@@ -146,9 +150,11 @@ def test_the_draft_cache_holds_only_the_known_tokens(tok, trained, draft):
             eng.step()
             for i, row in enumerate(eng.active.tolist()):
                 known = prompts[row] + eng.out.rows[row].tokens
-                L = int(strategy.cache.lengths[i])
+                kept_cache = copy.copy(strategy.cache)  # its K/V, with the next feed's roll-back
+                kept_cache.roll_back(strategy.n_known - 1)
+                L = int(kept_cache.lengths[i])
                 assert 1 <= len(known) - L <= 2  # AR's token, and d_k after a fully kept draft
-                assert_cache_is_a_fresh_prefill(draft, strategy.cache, i, known[:L])
+                assert_cache_is_a_fresh_prefill(draft, kept_cache, i, known[:L])
                 rolled_back |= len(eng.out.rows[row].spans[-1]) < 4
                 kept |= len(eng.out.rows[row].spans[-1]) > 1
         assert rolled_back and kept
