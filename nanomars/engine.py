@@ -230,6 +230,11 @@ class Engine:
         if waiting is not None:  # a waiting row takes nothing and keeps its state
             self.put_back(before, waiting)
             n_acc = torch.where(waiting, 0, n_acc)
+        return self.take(y, n_acc, n_verified, offered)
+
+    def take(self, y, n_acc, n_verified, offered):
+        """Each row takes y[:n_acc], cut after its first stop token and at the budget: its output, the
+        cache's commit and its pending tokens; finished rows leave. Returns the spans, {row: [ids]}."""
         n_acc = torch.minimum(n_acc, self.max_new - self.generated)
         n_acc, hit = first_stop(y, n_acc, self.stop_ids)
         finished = hit | (self.generated + n_acc >= self.max_new)

@@ -303,14 +303,14 @@ def test_paper_block_cache_holds_only_committed_blocks(tok, trained):
     eng = PaperBlockEngine(trained, prompts, 40, tok.mask_id, 8, 0.6, tok.stop_ids)
     commits = 0
     while not eng.done:
-        was_commit = eng.commit_next
+        was_commit = eng.strategy.committing
         eng.step()
         if not was_commit:
             continue
         commits += 1
         for i, row in enumerate(eng.active.tolist()):
             L = int(eng.cache.lengths[i])
-            assert L == len(prompts[row]) + eng.base and int(eng.n_pend[i]) == 0
+            assert L == len(prompts[row]) + eng.strategy.base and int(eng.n_pend[i]) == 0
             assert_cache_is_a_fresh_prefill(trained, eng.cache, i, prompts[row] + eng.out.rows[row].tokens)
     assert commits >= 3
 

@@ -7,7 +7,8 @@ the prompt is committed by the first forward; after that a row commits cache_blo
 once, when EVERY row holds that many uncommitted tokens; a row that has filled its block waits (it is
 fed, but accepts nothing). The commit rides on the next forward: no extra call.
 
-PaperBlockEngine, the released block sampler (MARSBlockCachedSampler), faithfully:
+PaperBlockEngine, the released block sampler (MARSBlockCachedSampler), faithfully; the engine's own step
+with ReleasedBlocks as its strategy and cache policy, and the sampler's stop rule and counts in take():
 - the first forward is the prompt alone (prefill): it commits the prompt and keeps the output at the
   last prompt token, which proposes the first token of the first block;
 - the answer is cut into blocks of B_cache tokens counted from each row's FIRST GENERATED position (as the
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import BatchDecoded, Engine, first_stop, forward_window, splice
+from ..engine import PAD, Accepted, BatchDecoded, Engine, Fed, first_stop, splice
 from ..strategies import MarsGate
 
 
@@ -79,77 +80,103 @@ class PaperBlockDecoded(BatchDecoded):
         return sum(self.paper_tokens) / max(1, sum(self.paper_forwards))
 
 
+class ReleasedBlocks(MarsGate):
+    """The released sampler's windows and commits (module docstring): MARS's gate, as its strategy, and
+    its block structure, as its cache policy (one object: the window is the rest of the block the cache
+    commits). The next forward is a commit (`committing`: the prefill first) or an inner forward of the
+    block of `size` tokens that starts `base` tokens into the answer."""
+    cached = True
+    rows = ("win", "before")  # before (n, V): the output at each row's last committed token
+
+    def __init__(self, mask_id, cache_block, tau, metric, temperature, top_k, seed):
+        if cache_block < 1:
+            raise ValueError(f"cache_block must be >= 1, got {cache_block}")
+        super().__init__(mask_id, cache_block, tau, metric, temperature, top_k, seed)
+        self.ahead, self.room = 1, cache_block  # windows end at the token budget: no context room past it
+        self.committing, self.base, self.size, self.before = True, 0, 0, None
+
+    def waiting(self, eng):
+        return None  # a row whose block is full is offered a window of 0: it takes nothing
+
+    def commit(self, eng, n_verified):
+        return eng.n_pend if self.committing else torch.zeros_like(eng.n_pend)
+
+    def feed(self, eng):
+        n = len(eng.active)
+        if self.committing:  # the pending tokens alone; the output at the last one is kept
+            self.width = 1
+            return Fed(eng.pending[:, :0], torch.zeros_like(eng.n_pend))
+        self.width, self.size = self.B, min(self.B, eng.max_new - self.base)  # the last block ends at the budget
+        self.w = (self.size - eng.n_pend).clamp(min=0)  # (n,) the rest of the block
+        return Fed(eng.pending.new_full((n, max(1, self.B - 1)), self.mask_id), (self.w - 1).clamp(min=0))
+
+    def accept(self, eng, logits, hidden):
+        zero = torch.zeros_like(eng.n_pend)
+        if self.committing:
+            self.before = logits[:, 0]
+            return Accepted(eng.pending.new_full((len(eng.active), 1), PAD), zero, zero, zero)
+        # a row with no block token yet fed no real token: its first proposal is the commit's output
+        first = (eng.n_pend == 0)[:, None, None] & (torch.arange(self.B, device=eng.dev) == 0)[None, :, None]
+        logits = torch.where(first, self.before[:, None].to(logits.dtype), logits)
+        y, n_acc = self.gate_rows(eng, logits, self.w)
+        return Accepted(y, torch.where(self.w > 0, n_acc, 0), zero, self.w)
+
+    def next_forward(self, eng):
+        """After a commit the next block starts; after an inner forward, commit once every row's block
+        is full."""
+        if self.committing:
+            self.base, self.committing = self.base + self.size, False
+        else:
+            self.committing = bool((eng.n_pend == self.size).all())
+
+
 class PaperBlockEngine(Engine):
-    """The released block sampler (module docstring). tau, metric, temperature, top_k, seed: MarsGate's."""
+    """The released block sampler (module docstring): the engine's step with ReleasedBlocks as strategy
+    and cache policy; take() keeps the sampler's stop rule and counts. tau, metric, temperature, top_k,
+    seed: MarsGate's."""
 
     def __init__(self, model, prompts, max_new_tokens, mask_id, cache_block=32, tau=0.95, stop_ids=(),
                  metric="prob", temperature=0.0, top_k=None, seed=None):
         if mask_id is None:
             raise ValueError("the released block sampler needs the mask token id")
-        gate = MarsGate(mask_id, cache_block, tau, metric, temperature, top_k, seed)
-        gate.ahead = 1  # windows end at the token budget: no context room past it
-        super().__init__(model, prompts, max_new_tokens, gate, stop_ids, BlockCache(cache_block))
+        blocks = ReleasedBlocks(mask_id, cache_block, tau, metric, temperature, top_k, seed)
+        super().__init__(model, prompts, max_new_tokens, blocks, stop_ids, blocks)
         n = len(prompts)
         self.out = PaperBlockDecoded(self.out.rows, windows=self.out.windows, paper_tokens=[0] * n,
                                      paper_forwards=[0] * n)
-        # is the next forward a commit (the prefill first); tokens per row in committed blocks; rows that
-        # took a stop token; (n, V) the output at each row's last committed token
-        self.commit_next, self.base, self.before = True, 0, None
-        self.stopped = torch.zeros_like(self.n_pend, dtype=torch.bool)
+        self.stopped = torch.zeros_like(self.n_pend, dtype=torch.bool)  # (n,) rows that took a stop token
 
-    @torch.inference_mode()
-    def step(self):
-        if self.done:
-            return {}
-        if self.commit_next:
-            self.commit_block()
-            return {}
-        n, Bc, gate = len(self.active), self.policy.cache_block, self.strategy
-        size = min(Bc, self.max_new - self.base)  # this block's length: the last one is cut at the budget
-        w = (size - self.n_pend).clamp(min=0)  # the rest of the block (0: filled, the row waits)
-        masks = self.pending.new_full((n, max(1, Bc - 1)), gate.mask_id)
-        x, _ = splice(self.pending, self.n_pend, masks, (w - 1).clamp(min=0))
-        logits, _ = forward_window(self.model, x, self.start, self.n_pend, Bc, self.cache)  # (n, Bc, V)
-        first = (self.n_pend == 0)[:, None, None] & (torch.arange(Bc, device=self.dev) == 0)[None, :, None]
-        logits = torch.where(first, self.before[:, None].to(logits.dtype), logits)  # no real token fed
-        self.out.forwards += 1
-        y, n_acc = gate.gate_rows(self, logits, w)
-        n_acc = torch.where(w > 0, n_acc, 0)  # all of it is fed from now on, post-stop tokens too
+    def take(self, y, n_acc, n_verified, offered):
+        """A row feeds all it accepts, post-stop tokens too (they fill its block), but its output ends at
+        the stop; a commit takes nothing, commits every pending token, and the rows that stopped or
+        reached the budget leave."""
+        blocks, committing = self.strategy, self.strategy.committing
         k, hit = first_stop(y, torch.where(self.stopped, 0, n_acc), self.stop_ids)  # the output's part
         self.stopped |= hit
-        self.pending, self.n_pend = splice(self.pending, self.n_pend, y, n_acc)
+        commit = blocks.commit(self, n_verified)
+        self.cache.advance(commit)
+        self.pending, self.n_pend = splice(self.pending, self.n_pend, y, n_acc, skip=commit)
         self.generated = self.generated + k
-        self.commit_next = bool((self.n_pend == size).all())
-        for row, a, wi in torch.stack([self.active, n_acc, w], 1).tolist():
-            self.out.paper_tokens[row] += a
-            self.out.paper_forwards[row] += wi > 0  # not the forwards it waits in
-        return self.record(y, k, w, torch.zeros_like(hit))[0]
-
-    def commit_block(self):
-        """Feed the pending tokens (the prompt, or the full block) and commit them; rows that took a stop
-        token, or reached the budget, leave."""
-        first = self.out.forwards == 0
-        size = min(self.policy.cache_block, self.max_new - self.base)
-        self.before = forward_window(self.model, self.pending, self.start, self.n_pend, 1, self.cache)[0][:, 0]
-        self.out.forwards += 1
-        self.cache.advance(self.n_pend)
-        self.pending, self.n_pend = self.pending[:, :1], torch.zeros_like(self.n_pend)
-        if not first:
-            self.base += size
-        finished = self.stopped | (self.base >= self.max_new)
+        blocks.next_forward(self)
+        if not committing:
+            for row, a, w in torch.stack([self.active, n_acc, offered], 1).tolist():
+                self.out.paper_tokens[row] += a
+                self.out.paper_forwards[row] += w > 0  # not the forwards it waits in
+            return self.record(y, k, offered, torch.zeros_like(hit))[0]
+        finished = self.stopped | (blocks.base >= self.max_new)
         for row, fin in zip(self.active.tolist(), finished.tolist()):
             self.out.paper_forwards[row] += 1
             if not fin:  # a forward this row needs for its next tokens: an empty span
                 self.out.rows[row].spans.append([])
                 self.out.windows[row].append(0)
-        self.commit_next = False
+        self.out.seconds = time.perf_counter() - self.t0
         if finished.any():
             self.drop(~finished)
-        self.out.seconds = time.perf_counter() - self.t0
+        return {}
 
     def drop(self, keep):
         super().drop(keep)
-        self.stopped, self.before = self.stopped[keep], self.before[keep]
+        self.stopped = self.stopped[keep]
 
 
 def batch_paper_block(model, prompts, max_new_tokens, mask_id, cache_block=32, tau=0.95, stop_ids=(), **kw):
