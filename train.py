@@ -131,7 +131,7 @@ def batches(gen):
 
 def make_batch(data, idx, offsets=None):
     """(x, response, targets, offsets) for the examples data[idx], on the device."""
-    tensors = collate([data[i] for i in idx], args.block_size, tok.eos_id, "cpu", offsets)
+    tensors = collate([data[i] for i in idx], args.block_size, tok.eos_id, "cpu", offsets, args.pad_targets)
     if device_type == "cuda":  # from pinned memory the copy runs asynchronously, overlapping the GPU's work
         tensors = [t.pin_memory() for t in tensors]
     return (*(t.to(args.device, non_blocking=True) for t in tensors), offsets)

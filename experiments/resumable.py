@@ -17,3 +17,28 @@ def record(results, row, say=print):
     with open(results, "a") as f:
         f.write(json.dumps(row) + "\n")
     say(json.dumps(row)[:240])
+
+
+def machine():
+    """The CPU a run's numbers came from: float kernels and their reduction order differ between CPUs (the
+    powered grid's seed 4, same commit, torch and one thread, moved by up to 1.1 points on another x86
+    machine), so every row records it. Linux's /proc/cpuinfo; elsewhere what platform knows."""
+    import platform
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
+            "cpu_vendor": info.get("vendor_id"), "cpu_family": info.get("cpu family"), "cpu_model": info.get("model"),
+            "avx512": "avx512f" in info.get("flags", "").split(), "cpus": os.cpu_count()}
+
+
+def core_seconds():
+    """CPU seconds (user + system) of this process and its finished child processes so far: a run's cost as
+    the difference of two calls, whatever else shares the machine."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system

@@ -10,7 +10,7 @@ from .masks import causal_mask, mars_train_mask
 IGNORE = -100  # cross_entropy's ignore_index
 
 
-def collate(examples, block_size, eos_id, device="cpu", offsets=None):
+def collate(examples, block_size, eos_id, device="cpu", offsets=None, pad_targets=True):
     """examples: list of (ids, loss_mask) from ChatTokenizer.render. Returns x (N, L) token ids,
     response (N, L) bool (the tokens the noisy stream hides) and targets (N, L) with targets[:, t] =
     x[:, t+1] where x[:, t+1] is a response token, else IGNORE.
@@ -18,7 +18,11 @@ def collate(examples, block_size, eos_id, device="cpu", offsets=None):
     response tokens (the model learns to keep emitting EOS after the end); the batch is then right-padded
     to its longest example with EOS that are NOT targets. Right padding needs no key masking: nothing real
     looks right. offsets: None (blocks from position 0: each example padded to a multiple of B) or the
-    (N,) block offsets that dual_track_loss will get (random_offsets)."""
+    (N,) block offsets that dual_track_loss will get (random_offsets). pad_targets=False (train.py
+    --no-pad_targets): the end-of-block pads are still there (the blocks need them) but are not response
+    tokens, so no output is trained to predict them and the noisy stream shows them as they are (nothing
+    real looks right, so no target sees them); the reply's own stop token stays a target. The released
+    code (dllm's AppendEOSBlockWrapper) trains them, hence the default."""
     padded = []
     for n, (ids, loss_mask) in enumerate(examples):
         # With offset r, block k spans positions kB - r .. kB - r + B - 1, so the example is padded until
@@ -29,7 +33,7 @@ def collate(examples, block_size, eos_id, device="cpu", offsets=None):
         # offsets the batch length need not be a multiple of B, and the masks do not need it to be.
         r = 0 if offsets is None else int(offsets[n])
         n_pad = -(len(ids) + r) % block_size
-        padded.append((list(ids) + [eos_id] * n_pad, list(loss_mask) + [1] * n_pad))
+        padded.append((list(ids) + [eos_id] * n_pad, list(loss_mask) + [int(pad_targets)] * n_pad))
     L = max(len(ids) for ids, _ in padded)
     x = torch.full((len(padded), L), eos_id, dtype=torch.long)
     response = torch.zeros((len(padded), L), dtype=torch.bool)

@@ -56,6 +56,10 @@ def train_parser(doc):
                    "seeded batch generator, so the known context of a noisy prediction ends anywhere, as at decode "
                    "time, not only at multiples of block_size (held-out loss stays at offset 0). Measured in "
                    "experiments/alignment.py: on a fixed-template task, tau 0.95 exact match 0.00 -> 1.00")
+    p.add_argument("--pad_targets", action=SWITCH, default=True,
+                   help="train the EOS pads that fill each example's last block as targets, as the released code "
+                   "does (dllm's AppendEOSBlockWrapper); --no-pad_targets: the pads stay (the blocks need them) but "
+                   "nothing is trained to predict them (experiments/b_sweep.py)")
     # optimisation
     p.add_argument("--max_iters", type=positive_int, default=None, help="optimizer steps (default 1200; with "
                    "--epochs: where to stop, the whole schedule by default)")
