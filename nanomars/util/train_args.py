@@ -13,7 +13,15 @@ SWITCH = argparse.BooleanOptionalAction  # --flag / --no-flag, so a preset's Tru
 
 
 def train_parser(doc):
+    """The parser, its flags in four groups (the --help order): the run and its data, the method,
+    optimisation, the model shape and the system."""
     p = ArgumentParser(doc)
+    for add in (run_flags, method_flags, optimisation_flags, model_and_system_flags):
+        add(p)
+    return p
+
+
+def run_flags(p):
     p.add_argument("--config", default=None, help="a preset (config/*.py): its values act as flags given first, "
                    "so flags on the command line win")
     p.add_argument("--stage", choices=["ar", "mars", "medusa"], default="ar", help="ar: stage 1; mars: stage 2; "
@@ -35,7 +43,9 @@ def train_parser(doc):
                    "message of each conversation, as the released MARS code does (default: every one)")
     p.add_argument("--max_len", type=positive_int, default=None, help="examples longer than this are dropped "
                    "(default: 512, or the model's context if shorter)")
-    # the method
+
+
+def method_flags(p):
     p.add_argument("--block_size", type=positive_int, default=4)
     p.add_argument("--medusa_heads", type=positive_int, default=None, help="stage medusa: how many heads; default "
                    "block_size-1 (as many proposals per forward as MARS at --block_size)")
@@ -60,7 +70,9 @@ def train_parser(doc):
                    help="train the EOS pads that fill each example's last block as targets, as the released code "
                    "does (dllm's AppendEOSBlockWrapper); --no-pad_targets: the pads stay (the blocks need them) but "
                    "nothing is trained to predict them (experiments/b_sweep.py)")
-    # optimisation
+
+
+def optimisation_flags(p):
     p.add_argument("--max_iters", type=positive_int, default=None, help="optimizer steps (default 1200; with "
                    "--epochs: where to stop, the whole schedule by default)")
     p.add_argument("--batch_size", type=positive_int, default=32, help="examples per micro-step per process: "
@@ -77,7 +89,10 @@ def train_parser(doc):
     p.add_argument("--eval_interval", type=positive_int, default=200,
                    help="held-out loss and a checkpoint every N steps")
     p.add_argument("--eval_batches", type=positive_int, default=4)
-    # model shape, used only from scratch
+
+
+def model_and_system_flags(p):
+    # the model's shape is used only from scratch
     p.add_argument("--n_layer", type=positive_int, default=4)
     p.add_argument("--n_embd", type=positive_int, default=128)
     p.add_argument("--n_head", type=positive_int, default=4)
@@ -94,7 +109,6 @@ def train_parser(doc):
                    "before failing")
     p.add_argument("--compile", action=SWITCH, default=False)
     p.add_argument("--seed", type=nonneg_int, default=1337)
-    return p
 
 
 def read_preset(path, known):
