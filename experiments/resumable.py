@@ -1,5 +1,7 @@
 """The experiment runners' results file: one JSON line per finished run, each with a unique "name", so a
 runner stopped at any point starts again where it left off (runs already in the file are skipped)."""
+import fcntl
+import hashlib
 import json
 import os
 
@@ -13,8 +15,10 @@ def done(results):
 
 
 def record(results, row, say=print):
-    """Appends a finished run and says so: say(the start of its line), e.g. a Progress's print."""
+    """Appends a finished run and says so: say(the start of its line), e.g. a Progress's print. Under an exclusive
+    lock, so that runners sharing a results file never interleave their lines."""
     with open(results, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
         f.write(json.dumps(row) + "\n")
     say(json.dumps(row)[:240])
 
@@ -42,3 +46,15 @@ def core_seconds():
     the difference of two calls, whatever else shares the machine."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def weights_digest(path):
+    """The first 16 hex digits of a sha256 over a checkpoint's weights (names and bytes, in name order): two runs
+    that must start from the same weights record it (pickling details and optimizer state do not count)."""
+    import torch
+    state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
