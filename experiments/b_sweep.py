@@ -1,5 +1,5 @@
 """
-Why tokens/forward falls with B in the data-limited grid (issue 29, item 3): the same rows at several data
+Why tokens/forward falls with B in the data-limited grid: the same rows at several data
 sizes, the B 16 model decoded with a window of 4, per-distance proposals along the greedy outputs, and the
 end-of-block pads in and out of the loss.
 
@@ -7,13 +7,13 @@ end-of-block pads in and out of the loss.
     python experiments/b_sweep.py --report        # every measurement and the decision rules' answers
     python experiments/b_sweep.py --quick --results /tmp/b.jsonl --out /tmp/b   # tiny, a few minutes
 
-Run from a fixed commit in its own git worktree (docs/issue29_runs.md: the command, status and cost); each
+Run from a fixed commit in its own git worktree (docs/long_runs.md: the command, status and cost); each
 finished run appends one JSON line to experiments/b_sweep.jsonl (resumable.record) with its commit, torch
 version, threads, machine (CPU model, family, AVX-512) and core-seconds, and is skipped when the runner
 starts again.
 
 Protocol (committed before any run of it; nothing here changes after seeing results)
-- What is known (issue 29): in the powered grid's data-limited regime (train.py's default 4 x 128 model, N
+- What is known: in the powered grid's data-limited regime (train.py's default 4 x 128 model, N
   1000 examples, E 20 epochs: 620 AR-SFT steps, then 620 MARS steps as released) tokens/forward at tau 0.95
   falls with B (1.87 / 1.78 / 1.54 at B 4 / 8 / 16), while a single-seed check on the default run (endless
   data, 1200 + 1200 steps, the seven suite families) found it rising. What differs: how often each example

@@ -1,5 +1,5 @@
 """
-A regime where the models can do the task (issue 29, item 4): a pilot whose candidates and pass rule were
+A regime where the models can do the task: a pilot whose candidates and pass rule were
 committed before any of its results, and the grid it would choose.
 
     nice -n 19 nohup python experiments/competent.py --pilot > out/competent.log 2>&1 &   # re-run to resume
@@ -7,7 +7,7 @@ committed before any of its results, and the grid it would choose.
     python experiments/competent.py --grid --device cuda    # only if a candidate passed (a GPU's work)
     python experiments/competent.py --quick --results /tmp/c.jsonl --out /tmp/c   # tiny, about a minute
 
-Run from a fixed commit in its own worktree (docs/issue29_runs.md). Each finished run appends one JSON line
+Run from a fixed commit in its own worktree (docs/long_runs.md). Each finished run appends one JSON line
 (experiments/competent_pilot.jsonl) with its commit, torch version, threads, machine (CPU model, family,
 AVX-512), core-seconds and seconds per step, and is skipped when the runner starts again.
 

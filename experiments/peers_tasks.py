@@ -1,5 +1,5 @@
 """
-MARS and its peers (docs/peers.md) on two more tasks (issue 17): the fixed-template task
+MARS and its peers (docs/peers.md) on two more tasks: the fixed-template task
 (data/template_task.py: every prompt the same length, answers that barely vary) and the copy task
 (data/copy_task.py: the answer is a span of the prompt, prompt lookup's home ground).
 

@@ -94,7 +94,7 @@ Protocol (committed before the pilot ran; nothing here changes after seeing pilo
   is not CPU float32: the pilot then runs again there (--pilot --device cuda --results ...) and its choice
   by this same rule is the GPU grid's regime; the CPU pilot stays as the record.
 
-Changed after the grid ran (issue 29; the protocol above is as it was committed, and no verdict changed):
+Changed after the grid ran (the protocol above is as it was committed, and no verdict changed):
 - Intervals: where the seed variance estimate is cut to zero, the wider of the random-effects interval and the
   seed-clustered t(seeds - 1) interval (experiments/paired.py states the rule; --report marks where it applied).
 - --report adds, as measurements over the same records: the step-matched control beside every claim whose rows
@@ -420,7 +420,7 @@ def claim(results, a, b, metric, tau_a, tau_b, cfg, family=None):
     return paired.ratio_difference(ta, fa, tb, fb), seeds
 
 
-# Added after the grid (issue 29), measurements over the same records; no protocol claim changes:
+# Added after the grid, measurements over the same records; no protocol claim changes:
 # - the step-matched control of every claim whose rows trained different numbers of steps (stage 2 counts its
 #   parent's steps): (row a, row b) -> the row trained as many steps as a, of b's kind, judged by the claim's
 #   direction. AR-SFT 2E against E compares different lengths by design (the claim is about training longer).

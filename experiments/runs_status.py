@@ -1,18 +1,19 @@
 """
-The finished runs of issue 29's two experiments as a table (docs/issue29_runs.md, between its "runs" markers):
+The finished runs of the B sweep and the competent pilot as a table (docs/long_runs.md, between its "runs"
+markers):
 what each cost (core-seconds, seconds per step, the machine) and its headline numbers. A summary for
 bookkeeping; the decision rules are b_sweep.py --report and competent.py --choose.
 
-    python experiments/issue29_status.py               # print the tables
-    python experiments/issue29_status.py --write_docs  # and put them into docs/issue29_runs.md
+    python experiments/runs_status.py               # print the tables
+    python experiments/runs_status.py --write_docs  # and put them into docs/long_runs.md
 """
 import argparse
 import json
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOC = os.path.join(ROOT, "docs", "issue29_runs.md")
-START, END = "<!-- runs: experiments/issue29_status.py --write_docs -->", "<!-- /runs -->"
+DOC = os.path.join(ROOT, "docs", "long_runs.md")
+START, END = "<!-- runs: experiments/runs_status.py --write_docs -->", "<!-- /runs -->"
 
 
 def load(name):
