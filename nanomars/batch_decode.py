@@ -8,7 +8,8 @@ MedusaHeads, TreeLossless, ...); a strategy takes its own settings, sampling inc
 top_k, seed), in its constructor. The functions below are that call for MARS's own decoders. Every row
 returns exactly what decoding that prompt alone returns (tested).
 
-    batch_decode    MARS, per-row tau (tau = 1 is exactly greedy AR); align / adaptive windows
+    batch_decode    MARS, per-row tau (tau = 1 is exactly greedy AR); window=<a window policy object>
+                    (align=True, adaptive=True: the built-in ones)
     batch_ar        AR, the baseline (MARS with B = 1 decodes the same tokens, doing more work)
     batch_lossless  lossless MARS: the masks draft, AR verifies; exactly AR's output for any model
     batch_jacobi    Jacobi decoding of a plain AR model; exactly greedy AR
@@ -23,12 +24,14 @@ from .strategies import AR, AdaptiveWindow, AlignedWindow, Jacobi, Lossless, Mar
 
 
 def mars_engine(model, prompts, max_new_tokens, mask_id=None, block_size=4, tau=0.95, stop_ids=(),
-                cache="request", metric="prob", temperature=0.0, top_k=None, seed=None, align=False,
+                cache="request", metric="prob", temperature=0.0, top_k=None, seed=None, window=None, align=False,
                 adaptive=False):
-    """An Engine running MARS's gate (MarsGate) with the fixed, aligned or adaptive window."""
-    if align and adaptive:
-        raise ValueError("align and adaptive are different windows: use one at a time")
-    window = AlignedWindow() if align else AdaptiveWindow() if adaptive else None
+    """An Engine running MARS's gate (MarsGate). window: a window policy object (strategies.FixedWindow,
+    the default; AlignedWindow; AdaptiveWindow; or your own: __call__(gate, engine) -> proposals per row,
+    update(gate, accepted)); align=True and adaptive=True are shorthands for the two built-in ones."""
+    if sum(map(bool, (window, align, adaptive))) > 1:
+        raise ValueError("window, align and adaptive each choose the window: give one of them")
+    window = window or (AlignedWindow() if align else AdaptiveWindow() if adaptive else None)
     strategy = MarsGate(mask_id, block_size, tau, metric, temperature, top_k, seed, window)
     return Engine(model, prompts, max_new_tokens, strategy, stop_ids, cache)
 
@@ -37,8 +40,8 @@ BatchEngine = mars_engine  # the earlier name, kept for code that uses it
 
 
 def batch_decode(model, prompts, max_new_tokens, mask_id, block_size=4, tau=0.95, stop_ids=(), **kw):
-    """Batched MARS. tau: one float or one per prompt. kw: cache, metric, temperature, top_k, seed, align,
-    adaptive (see mars_engine)."""
+    """Batched MARS. tau: one float or one per prompt. kw: cache, metric, temperature, top_k, seed, window
+    (a window policy object), align, adaptive (see mars_engine)."""
     return mars_engine(model, prompts, max_new_tokens, mask_id, block_size, tau, stop_ids, **kw).run()
 
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from conftest import assert_cache_is_a_fresh_prefill, constant_model, held_out_prompts, random_model
+from conftest import PROMPTS, assert_cache_is_a_fresh_prefill, constant_model, held_out_prompts, random_model
 from nanomars.compare.block_cache import BlockCache
 from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi, mars_engine, splice
 from nanomars.engine import Engine
@@ -15,7 +15,6 @@ MASK = 96
 STRATEGIES = [dict(cache=None), dict(cache="request"), dict(cache=BlockCache(4)),
               dict(cache=BlockCache(8))]
 # very different lengths, a 1-token prompt
-RANDOM_PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
 def test_splice_aligns_rows():
@@ -52,8 +51,8 @@ def test_cache_strategies_equal_uncached_and_block_cache_waits(tok, trained):
 @pytest.mark.parametrize("cache", [None, "request", BlockCache(4)], ids=str)
 def test_batched_ar_equals_single_ar_on_a_random_model(cache):
     model = random_model()
-    out = batch_ar(model, RANDOM_PROMPTS, 30, cache=cache)
-    for prompt, row in zip(RANDOM_PROMPTS, out.rows):
+    out = batch_ar(model, PROMPTS, 30, cache=cache)
+    for prompt, row in zip(PROMPTS, out.rows):
         assert row.tokens == ar_decode(model, prompt, 30).tokens and row.forwards == 30
     assert out.forwards == 30
     one = batch_ar(model, [[7]], 30, cache=cache)  # a batch of one, 1-token prompt
@@ -71,11 +70,11 @@ def test_tau_one_batched_mars_equals_batched_ar(tok, trained):
 
 def test_rows_that_stop_leave_while_the_others_go_on():
     model = random_model()
-    free = batch_ar(model, RANDOM_PROMPTS, 30)
+    free = batch_ar(model, PROMPTS, 30)
     # a token row 0 generates early but some other row never does
     stop = next(t for t in free.rows[0].tokens[3:] if any(t not in r.tokens for r in free.rows[1:]))
     for kw in STRATEGIES:
-        out = batch_decode(model, RANDOM_PROMPTS, 30, MASK, 4, 0.5, stop_ids={stop}, **kw)  # 0.5: AR here
+        out = batch_decode(model, PROMPTS, 30, MASK, 4, 0.5, stop_ids={stop}, **kw)  # 0.5: AR here
         for f, r in zip(free.rows, out.rows):
             cut = f.tokens.index(stop) + 1 if stop in f.tokens else len(f.tokens)
             assert r.tokens == f.tokens[:cut]
@@ -117,7 +116,7 @@ def test_per_row_tau_is_a_real_time_knob(tok, trained):
 @pytest.mark.parametrize("model_name", ["random", pytest.param("trained", marks=pytest.mark.trained)])
 def test_jacobi_equals_greedy_ar(tok, request, model_name):
     if model_name == "random":  # the trained model is requested (and trained) only where it is used
-        model, prompts, stops = random_model(), RANDOM_PROMPTS, ()
+        model, prompts, stops = random_model(), PROMPTS, ()
     else:
         model, prompts, stops = request.getfixturevalue("trained"), held_out_prompts(tok), tok.stop_ids
     ar = batch_ar(model, prompts, 40, stops)
@@ -132,7 +131,7 @@ def test_jacobi_accepts_whole_windows_once_the_guesses_converge(window):
     token and keeps only its first output; from then on every guess is the model's output, so each forward
     accepts its whole window: 1 + ceil(29 / window) forwards for 30 tokens, where AR takes 30."""
     model, token = constant_model(3), 3
-    out = batch_jacobi(model, RANDOM_PROMPTS, 30, window)
+    out = batch_jacobi(model, PROMPTS, 30, window)
     for row in out.rows:
         assert row.tokens == [token] * 30
         assert [len(s) for s in row.spans] == [1] + [window] * (29 // window) + ([29 % window] if 29 % window else [])
@@ -166,7 +165,7 @@ def test_sampling_is_reproducible_and_top1_is_greedy(tok, trained):
 def test_ar_baseline_is_mars_at_block_1_draw_for_draw(tok, trained, sampling):
     """batch_ar (strategies.AR: no softmax, no gate) takes the very tokens MARS with B = 1 takes, greedy and
     sampled from the same seed, on both models."""
-    for model, prompts in ((trained, held_out_prompts(tok)), (random_model(), RANDOM_PROMPTS)):
+    for model, prompts in ((trained, held_out_prompts(tok)), (random_model(), PROMPTS)):
         ar = batch_ar(model, prompts, 32, tok.stop_ids, **sampling)
         mars = mars_engine(model, prompts, 32, None, 1, 1.0, tok.stop_ids, **sampling).run()
         assert [r.spans for r in ar.rows] == [r.spans for r in mars.rows]

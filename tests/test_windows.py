@@ -6,7 +6,7 @@ forwards)."""
 import pytest
 import torch
 
-from conftest import assert_cache_is_a_fresh_prefill, held_out_prompts, random_model, small_vocab_model
+from conftest import PROMPTS, SMALL_PROMPTS, assert_cache_is_a_fresh_prefill, held_out_prompts, random_model, small_vocab_model
 from nanomars.batch_decode import batch_ar, batch_decode, mars_engine
 from nanomars.compare.block_cache import BlockCache, PaperBlockEngine, batch_paper_block
 from nanomars.decode import accept, cut
@@ -15,8 +15,6 @@ from nanomars.masks import causal_mask
 CACHES = [dict(cache=None), dict(cache="request"), dict(cache=BlockCache(4)),
           dict(cache=BlockCache(8))]
 OPTIONS = [dict(align=True), dict(adaptive=True)]
-RANDOM_PROMPTS = [[5, 17, 3, 44, 2], [7], list(range(10, 50)), [1, 2, 3, 4, 5, 6, 7, 8, 9]]
-SMALL_PROMPTS = [[1, 2, 3], [5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], [4, 4]]
 
 
 def cache_id(kw):
@@ -108,7 +106,7 @@ def paper_reference(model, prompt, n_new, mask_id, Bc, tau, stop_ids):
 @pytest.mark.parametrize("kw", CACHES[:3], ids=cache_id)
 @pytest.mark.parametrize("option", OPTIONS, ids=option_id)
 def test_tau_one_is_greedy_ar_on_random_models(option, kw):
-    for model, prompts, mask_id in ((random_model(), RANDOM_PROMPTS, 96), (small_vocab_model(), SMALL_PROMPTS, 7)):
+    for model, prompts, mask_id in ((random_model(), PROMPTS, 96), (small_vocab_model(), SMALL_PROMPTS, 7)):
         ar = batch_ar(model, prompts, 30)
         out = batch_decode(model, prompts, 30, mask_id, 4, 1.0, **option, **kw)
         assert [r.tokens for r in out.rows] == [r.tokens for r in ar.rows]
@@ -117,7 +115,7 @@ def test_tau_one_is_greedy_ar_on_random_models(option, kw):
 
 @pytest.mark.parametrize("Bc", [1, 3, 8, 32])
 def test_paper_block_tau_one_is_greedy_ar_on_random_models(Bc):
-    for model, prompts, mask_id in ((random_model(), RANDOM_PROMPTS, 96), (small_vocab_model(), SMALL_PROMPTS, 7)):
+    for model, prompts, mask_id in ((random_model(), PROMPTS, 96), (small_vocab_model(), SMALL_PROMPTS, 7)):
         ar = batch_ar(model, prompts, 30)
         out = batch_paper_block(model, prompts, 30, mask_id, Bc, 1.0)
         assert [r.tokens for r in out.rows] == [r.tokens for r in ar.rows]
@@ -317,9 +315,51 @@ def test_paper_block_cache_holds_only_committed_blocks(tok, trained):
 
 def test_bad_combinations_give_clear_errors():
     model = random_model()
-    with pytest.raises(ValueError, match="use one at a time"):
+    with pytest.raises(ValueError, match="give one of them"):
         mars_engine(model, [[1]], 4, 96, 4, align=True, adaptive=True)
+    with pytest.raises(ValueError, match="give one of them"):
+        batch_decode(model, [[1]], 4, 96, 4, window=CappedWindow(2), align=True)
     with pytest.raises(ValueError, match="cache_block must be"):
         batch_paper_block(model, [[1]], 4, 96, 0)
     with pytest.raises(ValueError, match="needs the mask token id"):
         batch_paper_block(model, [[1]], 4, None)
+
+
+# --- a window policy written here, as a student adds one: one class, one argument -------------------------
+
+class CappedWindow:
+    """At most `cap` proposals per forward (the last real token's and cap - 1 masks): MARS with a cap."""
+
+    def __init__(self, cap):
+        self.cap = cap
+
+    def __call__(self, gate, eng):
+        return torch.full_like(eng.n_pend, min(self.cap, gate.B))
+
+    def update(self, gate, accepted):
+        pass
+
+
+def test_a_window_written_in_a_test_runs_through_batch_decode_at_tau_one_as_greedy_ar():
+    model = random_model()
+    ar = batch_ar(model, PROMPTS, 30)
+    for cap in (1, 2, 4):
+        out = batch_decode(model, PROMPTS, 30, 96, 4, 1.0, window=CappedWindow(cap))
+        assert [r.tokens for r in out.rows] == [r.tokens for r in ar.rows]
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3])
+def test_a_window_written_in_a_test_keeps_its_cap_and_equals_its_reference(cap):
+    model, B, tau = peaked_model(), 4, PEAKED_TAU
+    refs = [reference(model, p, 30, 7, tau, (), lambda known, w, last: cap) for p in SMALL_PROMPTS]
+    for kw in CACHES:
+        out = batch_decode(model, SMALL_PROMPTS, 30, 7, B, tau, window=CappedWindow(cap), **kw)
+        assert [r.spans for r in out.rows] == [spans for spans, _ in refs]
+        assert all(len(s) <= cap for r in out.rows for s in r.spans)
+        assert out.windows == [[cap] * len(spans) for spans, _ in refs]
+    if cap > 1:  # the cap is what binds: the fixed window of B takes longer spans on the same prompts
+        assert any(len(s) == cap for r in out.rows for s in r.spans)
+        fixed = batch_decode(model, SMALL_PROMPTS, 30, 7, B, tau)
+        assert max(len(s) for r in fixed.rows for s in r.spans) > cap
+    engine = mars_engine(model, SMALL_PROMPTS, 30, 7, B, tau, window=CappedWindow(cap))  # the engine to step
+    assert [r.spans for r in engine.run().rows] == [spans for spans, _ in refs]

@@ -50,6 +50,7 @@ from nanomars.util.checkpoint import load_model
 from nanomars.util.cli import ArgumentParser, device_name, dtype_name, fail, nonneg_int, positive_int, tau_float
 from nanomars.decode import check_decode_args
 from nanomars.engine import Engine, PerRequestCache, forward_window
+from nanomars.strategies import AdaptiveWindow, AlignedWindow
 from nanomars.compare.block_cache import BlockCache, batch_paper_block
 from nanomars.compare.medusa import MedusaGate, MedusaHeads, MedusaTree, load_medusa
 from nanomars.model import KVCache
@@ -210,8 +211,8 @@ strategies = {
     **{f"Lossless tree {n}/{k}": engine_row(partial(TreeLossless, tok.mask_id, B, n, k), "stage 2", True)
        for n, k in TREES},
     "Stacked tree 8/3 + lookup": engine_row(partial(StackedTree, tok.mask_id, B, 8, 3), "stage 2", True),
-    "Adaptive window": row(partial(mars, cache="request", adaptive=True), "stage 2", gated),
-    "Aligned window": row(partial(mars, cache="request", align=True), "stage 2", gated),
+    "Adaptive window": row(partial(mars, cache="request", window=AdaptiveWindow()), "stage 2", gated),
+    "Aligned window": row(partial(mars, cache="request", window=AlignedWindow()), "stage 2", gated),
     **{f"Paper block {c}": row(partial(batch_paper_block, model, mask_id=tok.mask_id, cache_block=c, tau=args.tau,
                                        stop_ids=tok.stop_ids), "stage 2", gated, ahead=1) for c in args.paper_blocks},
     "Prompt lookup": engine_row(PromptLookup, "none", True),

@@ -28,7 +28,7 @@ def evaluate(model, tok, examples, tau=None, block_size=4, max_new_tokens=64, ch
     "tokens_per_forward", "tokens", "forwards", "seconds"}.
     checker(example, response) -> bool (default: the suite's checkers, exact match for other examples).
     progress: a nanomars.util.progress.Progress, advanced by one per example.
-    options: the decoder's own (batch_decode's cache, align, adaptive, metric; batch_ar's cache)."""
+    options: the decoder's own (batch_decode's cache, window, align, adaptive, metric; batch_ar's cache)."""
     rows = []
     t0 = time.perf_counter()
     for ex in examples:
