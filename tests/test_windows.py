@@ -1,8 +1,8 @@
-"""Per-row decoding windows (nanomars/batch_decode.py): aligned windows, adaptive windows and the paper's
-released block-level cache sampler (cache="paper_block"). Each is checked against a plain reference
-decoder written here without a cache (one full causal forward per step), against greedy AR at tau = 1,
-batched against one row at a time, and for its own rule (window sizes, block boundaries, counted
-forwards)."""
+"""Per-row decoding windows, the window policies of nanomars/strategies.py (aligned, adaptive, and one written
+here, CappedWindow), and the released block-level cache sampler (nanomars/compare/block_cache.py,
+batch_paper_block). Each is checked against a plain reference decoder written here without a cache (one full
+causal forward per step), against greedy AR at tau = 1, batched against one row at a time, and for its own rule
+(window sizes, caps, block boundaries, counted forwards)."""
 import pytest
 import torch
 
