@@ -1,4 +1,4 @@
-"""Issue 29's experiments: train.py's --no-pad_targets, b_sweep's teacher-forced proposals and decision rules,
+"""Why tokens/forward falls with B, and the competent pilot: train.py's --no-pad_targets, b_sweep's teacher-forced proposals and decision rules,
 and competent's pass rule, on constructed data with known answers."""
 import os
 import sys

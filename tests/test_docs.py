@@ -206,3 +206,17 @@ def test_the_checker_finds_a_stale_reference_of_each_kind():
     fine = ("nanomars/strategies.py, strategies.AdaptiveWindow, engine.step, python train.py --no-random_offsets "
             "--epochs 4, torchrun --standalone train.py, cache=\"request\", experiments/powered_eval.train_set")
     assert (stale_paths("docs/x.md", fine), stale_names(fine), stale_flags(fine), stale_values(fine)) == ([],) * 4
+
+
+ISSUE = re.compile(r"\bissues? ?#?\d+", re.I)
+
+
+def test_no_issue_numbers_in_file_names_docs_docstrings_or_notebooks():
+    """An issue number means nothing to a reader of the repository: name each thing by what it is or asks
+    (results files keep their rows as they are)."""
+    import subprocess
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    named = [f for f in files if ISSUE.search(f.replace("_", " ")) or re.search(r"issue\d", f, re.I)]
+    notebooks = [(f, ISSUE.findall(open(os.path.join(ROOT, f)).read())) for f in files if f.endswith(".ipynb")]
+    found = [(w, ISSUE.findall(t)) for w, t in SOURCES] + notebooks
+    assert not named and not [(w, hits) for w, hits in found if hits]
