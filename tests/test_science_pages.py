@@ -1,5 +1,5 @@
 """The science pages say what the results files say: every number and verdict word of docs/paper.md's "what
-holds now" table and of its competent-pilot table is recomputed here from experiments/*.jsonl by the
+holds now" tables, its B sweep table and its competent-pilot table is recomputed here from experiments/*.jsonl by the
 protocols' own code (power_grid.claim and its CLAIMS/CONTROLS/INTERACTION, paired.verdict, competent.choose,
 b_sweep's interval), so that editing the doc wrongly or altering a result row fails. Nothing is trained.
 
@@ -214,6 +214,26 @@ def pilot_problems(text, pilot):
     return problems
 
 
+B_SWEEP_ROWS = {"B 16 - B 4, tau 0.95": ("mars_B16", "0.95", "sweep"), "B 16 - B 4, tau 0.5": ("mars_B16", "0.5", "sweep"),
+                "B 8 - B 4, tau 0.95": ("mars_B8", "0.95", "sweep"),
+                "B 16 model at window 4 - B 4, tau 0.95": ("mars_B16", "0.95", "window4")}
+
+
+def b_sweep_problems(text, evidence):
+    """The B sweep's table: each cell the paired tokens/forward difference to B 4 by b_sweep's own interval."""
+    rows = [r for h, rs in tables(text).items() if "b sweep" in h.lower() for r in rs]
+    problems = [f"the B sweep table has no row {k!r}" for k in B_SWEEP_ROWS if k not in [r[0] for r in rows]]
+    for cells in rows:
+        if cells[0] not in B_SWEEP_ROWS:
+            continue
+        a, tau, where = B_SWEEP_ROWS[cells[0]]
+        for cond, got in zip(b_sweep.DATA_ORDER, cells[1:]):
+            iv, _ = b_sweep.tpf(evidence.sweep, cond, a, "mars_B4", tau, where, "sweep")
+            if got != interval_text(iv, "tpf"):
+                problems.append(f"B sweep table, {cells[0]}, {cond}: the doc has {got!r}, the results give {interval_text(iv, 'tpf')!r}")
+    return problems
+
+
 @pytest.fixture(scope="module")
 def doc():
     with open(DOC) as f:
@@ -227,6 +247,11 @@ def evidence():
 
 def test_what_holds_now_matches_the_results(doc, evidence):
     assert not holds_now_problems(doc, evidence), "\n".join(holds_now_problems(doc, evidence))
+
+
+def test_the_b_sweep_table_matches_the_results(doc, evidence):
+    problems = b_sweep_problems(doc, evidence)
+    assert not problems, "\n".join(problems)
 
 
 def test_the_competent_pilot_table_matches_the_rule(doc):
