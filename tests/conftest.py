@@ -20,13 +20,17 @@ TRAINED = {"trained", "zero_heads", "medusa"}  # the fixtures that train a model
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "trained: needs a trained model fixture; pytest -m 'not trained' is the fast loop")
+    config.addinivalue_line("markers", "trained: needs a trained model fixture (also slow)")
+    config.addinivalue_line("markers", "slow: starts processes that train or execute end to end (notebooks, the "
+                            "experiment runners' --quick, train.py runs) or needs a trained model; "
+                            "pytest -m 'not slow' is the fast loop")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:  # every test that requests a trained fixture is marked, so the fast loop skips it
         if TRAINED & set(getattr(item, "fixturenames", ())):
             item.add_marker("trained")
+            item.add_marker("slow")
 
 
 def random_model(seed=0, **overrides):

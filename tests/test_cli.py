@@ -1,11 +1,16 @@
 """
 Every command answers bad input with ONE line starting "error:" that names what is wrong, and a non-zero
-exit; never a traceback. One case per bad flag value or bad file, run as a user runs them.
+exit; never a traceback. One case per bad flag value or bad file, run as a user runs them (the script as
+__main__ with its arguments, in this process: see run()).
 """
+import contextlib
+import io
 import json
 import os
-import subprocess
+import runpy
 import sys
+import traceback
+import types
 
 import pytest
 import torch
@@ -48,10 +53,28 @@ def files(tmp_path_factory, tok):
     return d
 
 
-def run(script, *args, cwd=ROOT):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+def run(script, *args):
+    """`python SCRIPT ARGS`, run in this process (runpy, as __main__) so that no test pays for a fresh Python
+    and torch import (about 2.5 s each, dozens of tests): its exit code, stdout and stderr, an uncaught
+    exception printed as Python would (a traceback, exit code 1)."""
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    argv, path, threads = sys.argv, list(sys.path), torch.get_num_threads()
+    sys.argv = [os.path.join(ROOT, script), *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(sys.argv[0], run_name="__main__")
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+                if e.code is not None and not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv, sys.path[:] = argv, path
+        torch.set_num_threads(threads)  # a script may set its own
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def assert_one_line_error(proc, *expected):
@@ -227,3 +250,16 @@ def test_evaluate_rejects_bad_checkpoints(files, ckpt, expected):
 ])
 def test_gpu_check_rejects_bad_arguments(args, expected):
     assert_one_line_error(run("tools/gpu_check.py", "--small", *args), expected)
+
+
+def test_run_sees_a_traceback_and_an_exit_as_python_would(tmp_path):
+    """run() in this process reports what a fresh `python script` would: a deep exception is a traceback and
+    exit code 1 (which assert_one_line_error rejects), sys.exit("error: ...") one line and exit code 1."""
+    (tmp_path / "deep.py").write_text("import sys\nprint('partial')\nraise ValueError('deep inside')\n")
+    (tmp_path / "clean.py").write_text("import sys\nsys.exit('error: the input is bad; fix it')\n")
+    proc = run(tmp_path / "deep.py")
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "ValueError: deep inside" in proc.stderr
+    assert proc.stdout == "partial\n"
+    with pytest.raises(AssertionError):
+        assert_one_line_error(proc)
+    assert_one_line_error(run(tmp_path / "clean.py"), "the input is bad")

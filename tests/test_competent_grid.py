@@ -30,6 +30,7 @@ def quick(tmp_path_factory):
     return tmp_path, run(tmp_path)[0]
 
 
+@pytest.mark.slow
 def test_quick_runs_every_row_and_chunk_records_each_prompt_and_resumes(quick):
     tmp_path, results = quick
     cfg = grid.QUICK
@@ -57,6 +58,7 @@ def test_quick_runs_every_row_and_chunk_records_each_prompt_and_resumes(quick):
     assert "MARS B 4 - AR-SFT E (paper +1.7, Table 2)" in report and "long     AR-SFT seed 0, epoch 4" in report
 
 
+@pytest.mark.slow
 def test_a_lost_parent_is_retrained_and_pairs_only_if_its_weights_are_the_same(quick, tmp_path):
     src, results = quick
     shutil.copytree(src / "runs", tmp_path / "runs")
@@ -87,6 +89,7 @@ def test_a_lost_parent_is_retrained_and_pairs_only_if_its_weights_are_the_same(q
     assert len(kept) == len(edited) - len(unpaired)
 
 
+@pytest.mark.slow
 def test_restart_seed_moves_the_seeds_rows_aside(quick, tmp_path):
     _, results = quick
     shutil.copy(quick[0] / "grid.jsonl", tmp_path / "grid.jsonl")

@@ -35,6 +35,7 @@ def sharded_run(tmp_path_factory):
     return out, run_train([*COMMON, "--fsdp", "--max_iters", "4", "--out_dir", str(out)], TORCHRUN)
 
 
+@pytest.mark.slow
 def test_sharded_training_equals_one_process(sharded_run, tmp_path):
     out, log = sharded_run
     # the same global batch of 8 as 1 process x 2 micro-steps of 4 (train.py's draw_step)
@@ -46,6 +47,7 @@ def test_sharded_training_equals_one_process(sharded_run, tmp_path):
     assert sorted(p.name for p in (out / "ar_dcp").iterdir()) == ["latest", "step_0000004"]
 
 
+@pytest.mark.slow
 def test_sharded_resume_continues_exactly(sharded_run, tmp_path):
     out, log = sharded_run
     run_train([*COMMON, "--fsdp", "--max_iters", "2", "--out_dir", str(tmp_path)], TORCHRUN)
@@ -62,6 +64,7 @@ def test_sharded_resume_continues_exactly(sharded_run, tmp_path):
     assert proc.returncode != 0 and "resume with --fsdp" in proc.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_sharded_export_loads_in_nanomars_and_transformers(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers loads the export as the reference")
     from nanomars.scale.tiny_qwen import tiny_hf_folder

@@ -231,6 +231,7 @@ def test_save_and_load_round_trip(tmp_path, medusa):
 
 
 # --------------------------------------------------------------------------------------------- train.py
+@pytest.mark.slow
 def test_train_py_stage_medusa(tmp_path):
     """train.py --stage medusa from a stage-1 checkpoint: the heads move, the base is ar.pt's bit for bit,
     the run resumes; bad flags are one error line."""

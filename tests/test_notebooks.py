@@ -67,6 +67,7 @@ def test_committed_notebook_holds_its_outputs(path):
         assert html_spans(nb), "the notebook shows no spans as coloured HTML: display(Spans(tok, spans))"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs(path, monkeypatch):
     # No forced backend: the kernel draws with its inline backend, so figures come back as image/png

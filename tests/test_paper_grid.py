@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 from paper_grid import QUICK, grid_rows  # noqa: E402
@@ -29,6 +31,7 @@ def test_the_grid_holds_every_row_the_paper_ran():
     assert rows["endless_ar_2x"][2] == ["--n_train", "20000", "--max_iters", "2400"]
 
 
+@pytest.mark.slow
 def test_quick_grid_runs_every_kind_of_row_and_resumes(tmp_path):
     results = run(tmp_path)
     by_row = {r["row"]: r for r in results}
@@ -69,6 +72,7 @@ def test_jacobi_figure_counts_jacobis_forwards(monkeypatch, tok):
     assert scores["jacobi_tokens_per_forward"] == 12 / 4
 
 
+@pytest.mark.slow
 def test_timing_times_every_data_limited_training_once(tmp_path):
     results = run(tmp_path, "--timing", results="timing.jsonl")
     expected = {name for name in grid_rows(64, 1, (4,), 64, 8) if name != "ar_2E" and not name.startswith("endless")}

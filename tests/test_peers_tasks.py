@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments.peers_tasks import STEPS, TASKS  # noqa: E402
@@ -22,6 +24,7 @@ def run(tmp_path):
     return [json.loads(line) for line in open(tmp_path / "results.jsonl")]
 
 
+@pytest.mark.slow
 def test_quick_runs_every_step_of_both_tasks_and_resumes(tmp_path):
     results = run(tmp_path)
     assert [r["name"] for r in results] == [f"{task}/{step}" for task in TASKS for step in STEPS]

@@ -207,6 +207,7 @@ def run(tmp_path, *flags, results="grid.jsonl"):
     return [json.loads(line) for line in open(tmp_path / results)], proc.stdout
 
 
+@pytest.mark.slow
 def test_quick_grid_runs_every_kind_of_row_records_each_prompt_and_resumes(tmp_path):
     results, _ = run(tmp_path)
     cfg = power_grid.QUICK
@@ -237,6 +238,7 @@ def test_quick_grid_runs_every_kind_of_row_records_each_prompt_and_resumes(tmp_p
     assert "MARS beats AR-SFT (paper +1.7): mars_B4@1 - ar_E@1 accuracy" in report
 
 
+@pytest.mark.slow
 def test_quick_pilot_then_its_choice(tmp_path):
     results, out = run(tmp_path, "--pilot", results="pilot.jsonl")
     assert sorted(r["name"] for r in results) == sorted(f"pilot/{c}/{row}" for c in power_grid.QUICK_CANDIDATES

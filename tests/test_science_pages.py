@@ -289,3 +289,18 @@ def test_no_statement_the_results_do_not_carry(doc):
     """Words stronger than an interval carries stay out of the science page."""
     for phrase in ("does not overfit", "the opposite of the paper", "explains D1", "level with", "the same at every size"):
         assert phrase not in doc.lower(), phrase
+
+
+def test_the_readme_science_lines_match_the_results(evidence):
+    """The README's five science lines quote the powered grid's headline claim and the two regimes' AR-SFT
+    against the constant answer, each recomputed here."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    science = readme[readme.index("## The paper at nano scale"):]
+    assert len([line for line in science.strip().splitlines() if line]) <= 6  # the heading and at most 5 lines
+    text, word = evidence("power_grid mars_B4@1 - ar_E@1")
+    assert f"{text}: {word}" in science
+    power = load("power_grid.jsonl")
+    mean = lambda row: statistics.mean(r["ar"]["accuracy"]["all"] for r in power if r["row"] == row)  # noqa: E731
+    pilot = {r["name"]: r["ar"]["accuracy"]["all"] for r in load("competent_pilot.jsonl")}
+    for value in (mean("ar_E"), mean("constant"), pilot["pilot/4x128/E32"], pilot["pilot/constant"]):
+        assert f"{value:.3f}" in science

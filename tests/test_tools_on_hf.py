@@ -49,6 +49,7 @@ def run(*args):
     return r.returncode, r.stdout, r.stderr
 
 
+@pytest.mark.slow
 def test_evaluate_on_a_folder_with_a_users_checker(setup):
     d = setup
     rc, out, err = run("tools/evaluate.py", "--ckpt", str(d / "model"), "--data", str(d / "data.jsonl"), "--ar",
@@ -67,6 +68,7 @@ def test_evaluate_on_a_folder_with_a_users_checker(setup):
     assert float(table["MARSt=1"][-2]) == 1.0  # tau 1 accepts one token per forward
 
 
+@pytest.mark.slow
 def test_bench_on_a_folder_with_jsonl(setup):
     d = setup
     rc, out, err = run("tools/bench.py", "--ckpt", str(d / "model"), "--data", str(d / "data.jsonl"), "--batch_sizes",
@@ -83,6 +85,7 @@ def test_bench_on_a_folder_with_jsonl(setup):
 
 @pytest.mark.parametrize("spec, says", [("nope", "expected 'suite'"), ("missing_file.py:f", "cannot load"),
                                         ("nanomars.util.tasks:no_such_function", "has no function")])
+@pytest.mark.slow
 def test_bad_checker_is_one_line(setup, spec, says):
     rc, out, err = run("tools/evaluate.py", "--ckpt", str(setup / "model"), "--data", str(setup / "data.jsonl"),
                        "--taus", "1", "--check", spec)

@@ -22,6 +22,7 @@ def test_every_stage_and_objective_flag_has_its_registered_objective():
     assert set(STARTS) <= choices["stage"] - {"ar", "mars"}
 
 
+@pytest.mark.slow
 def test_two_stages_and_resume(tmp_path):
     out = str(tmp_path)
     log = run_train(["--stage", "ar", "--max_iters", "3", "--out_dir", out, *TINY])
@@ -50,6 +51,7 @@ def test_two_stages_and_resume(tmp_path):
     assert "tau 1 " in proc.stdout and "tau 0.5 " in proc.stdout
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_end_with_identical_weights(tmp_path):
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
     log = run_train(["--stage", "ar", "--max_iters", "3", "--out_dir", str(tmp_path), *TINY], launcher)
@@ -63,6 +65,7 @@ def test_ddp_two_processes_end_with_identical_weights(tmp_path):
     assert max((ddp[k] - one[k]).abs().max().item() for k in ddp) < 1e-6  # float32 sums in another order
 
 
+@pytest.mark.slow
 def test_finetune_a_hugging_face_folder(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers loads the result as the reference")
     from test_qwen import tiny_hf
@@ -90,6 +93,7 @@ def test_finetune_a_hugging_face_folder(tmp_path):
     assert not torch.equal(original.embed.weight, ours.embed.weight)  # training changed the weights
 
 
+@pytest.mark.slow
 def test_epochs_visit_a_fixed_set_and_resume_exactly(tmp_path):
     """--epochs: max_iters = epochs x (examples // batch), and a run resumed mid-epoch continues exactly
     (the epoch order is replayed from the seed)."""
@@ -107,6 +111,7 @@ def test_epochs_visit_a_fixed_set_and_resume_exactly(tmp_path):
 
 @pytest.mark.parametrize("flags", [["--objective", "no_sft_released"], ["--objective", "bd3lm"],
                                    ["--objective", "csbd"], ["--loss_norm", "sequence", "--last_turn_only"]])
+@pytest.mark.slow
 def test_every_objective_trains(tmp_path, flags):
     out = str(tmp_path)
     run_train(["--stage", "ar", "--max_iters", "2", "--out_dir", out, *TINY])
