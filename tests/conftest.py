@@ -28,7 +28,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     for item in items:  # every test that requests a trained fixture is marked, so the fast loop skips it
-        if TRAINED & set(getattr(item, "fixturenames", ())):
+        if TRAINED & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("trained"):
             item.add_marker("trained")
             item.add_marker("slow")
 
