@@ -4,7 +4,6 @@ committed before any of its results, and the grid it would choose.
 
     nice -n 19 nohup python experiments/competent.py --pilot > out/competent.log 2>&1 &   # re-run to resume
     python experiments/competent.py --choose      # the rule's answer on experiments/competent_pilot.jsonl
-    python experiments/competent.py --grid --device cuda    # only if a candidate passed (a GPU's work)
     python experiments/competent.py --quick --results /tmp/c.jsonl --out /tmp/c   # tiny, about a minute
 
 Run from a fixed commit in its own worktree (docs/long_runs.md). Each finished run appends one JSON line
@@ -48,6 +47,10 @@ Protocol (committed before any run of it; nothing here changes after seeing resu
   ~23 min, E64 ~47 min; 6x256 E12 1872 steps ~31 min, E24 ~62 min, E48 ~125 min; evaluation ~1-2 min a run
   (4 x 128) and ~3-5 (6 x 256): about 5 core-hours. Every row records its seconds per step, from which the
   closing note estimates GPU hours.
+
+Changed after the pilot (the protocol above is as committed): no candidate passed, so the grid it describes never
+ran from here, and its grid mode is gone. The 5-seed grid at P4 runs under its own protocol,
+experiments/competent_grid.py.
 """
 import argparse
 import json
@@ -150,32 +153,18 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pilot", action="store_true")
     p.add_argument("--choose", action="store_true", help="the pass rule on the pilot's results")
-    p.add_argument("--grid", action="store_true", help="the 5-seed grid at the chosen candidate (after a pass)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--results", default=None, help="default: experiments/competent_pilot.jsonl "
-                   "(competent_grid.jsonl with --grid)")
-    p.add_argument("--pilot_results", default=os.path.join(ROOT, "experiments", "competent_pilot.jsonl"))
+    p.add_argument("--results", default=os.path.join(ROOT, "experiments", "competent_pilot.jsonl"))
     p.add_argument("--out", default=os.path.join(ROOT, "out", "competent"))
     args = p.parse_args()
     cfg = QUICK if args.quick else FULL
-    results = args.results or os.path.join(ROOT, "experiments", "competent_grid.jsonl" if args.grid else
-                                           "competent_pilot.jsonl")
     if args.choose:
-        return print(json.dumps(choose(load(results), cfg["candidates"]), indent=1))
+        return print(json.dumps(choose(load(args.results), cfg["candidates"]), indent=1))
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
-    meta = {**provenance(args.threads, args.device), "machine": machine()}
-    if args.pilot or args.quick and not args.grid:
-        return run_pilot(results, args.out, cfg, meta)
-    choice = choose(load(args.pilot_results), cfg["candidates"])
-    if not choice["passed"]:
-        sys.exit(f"no candidate passed the pilot's rule (closest {choice['candidate']}): no grid")
-    model, E = cfg["candidates"][choice["candidate"]]
-    grid_cfg = {**power_grid.FULL, "blocks": (4, 16), "decode_batch": 1000 if args.device.startswith("cuda") else 100}
-    power_grid.run_grid(results, args.out, grid_cfg, {"name": choice["candidate"], "model": cfg["models"][model],
-                                                      "N": cfg["N"], "E": E}, meta, "data-limited")
+    run_pilot(args.results, args.out, cfg, {**provenance(args.threads, args.device), "machine": machine()})
 
 
 if __name__ == "__main__":
