@@ -304,3 +304,14 @@ def test_the_readme_science_lines_match_the_results(evidence):
     pilot = {r["name"]: r["ar"]["accuracy"]["all"] for r in load("competent_pilot.jsonl")}
     for value in (mean("ar_E"), mean("constant"), pilot["pilot/4x128/E32"], pilot["pilot/constant"]):
         assert f"{value:.3f}" in science
+
+
+def test_the_competent_grids_measured_cost_matches_its_results():
+    """paper.md's cost sentence quotes seed 1's ar_E and mars_B4 rows of experiments/competent_grid.jsonl."""
+    runs = {r["name"]: r for r in load("competent_grid.jsonl")}
+    text = " ".join(open(DOC).read().split())
+    for name in ("ar_E/seed1", "mars_B4/seed1"):
+        r = runs[name]
+        per_step = f"{r['train_core_seconds'] / r['steps']:.2f}"
+        assert f"{r['steps']} steps" in text or name == "mars_B4/seed1"
+        assert f"{r['train_core_seconds']:.0f} core-s" in text and per_step in text, (name, per_step)
