@@ -1,15 +1,19 @@
 """The science pages say what the results files say: every number and verdict word of docs/paper.md's "what
-holds now" tables, its B sweep table and its competent-pilot table is recomputed here from experiments/*.jsonl by the
-protocols' own code (power_grid.claim and its CLAIMS/CONTROLS/INTERACTION, paired.verdict, competent.choose,
-b_sweep's interval), so that editing the doc wrongly or altering a result row fails. Nothing is trained.
+holds now" tables, its B sweep table, its competent-pilot table and its competent grid's table is recomputed here
+from experiments/*.jsonl by the protocols' own code (power_grid.claim and its CLAIMS/CONTROLS/INTERACTION,
+paired.verdict, competent.choose, b_sweep's interval, competent_grid.report), so that editing the doc wrongly or
+altering a result row fails. Nothing is trained.
 
 A "what holds now" row names its evidence as code spans, each followed by the number it stands for:
     `power_grid mars_B4@1 - ar_E@1`: +0.8 [-0.1, +1.7] points, 5 seeds
     `power_grid tokens/forward mars_B16@0.95 - mars_B4@0.95`: -0.32 [-0.44, -0.20], 5 seeds
     `power_grid contrast`  `power_grid tokens/forward mars_B4@0.95` (mean +- sd)  `competent_pilot P4 2E - E`
     `paper_grid jacobi ar_E`  `paper_timing mars_B4 / ar_E`  `b_sweep D1 tokens/forward mars_B16 - mars_B4`
+    `competent_grid a seed 1`: +3.9 [+2.6, +5.2] points, 1 seed   (`competent_grid a seeds 1-5` when all are in:
+    the claim on the named seeds' records only, so rows appended later leave an interim line true)
 and its verdict cell opens with the first span's word in bold (**reproduced**, **contradicted**, **not
-detected**; **measured** where no rule was fixed before the run; **one seed** for a single-seed number).
+detected**; **measured** where no rule was fixed before the run; **one seed** for a single-seed number; the
+competent grid's own words, **interim (1 seed): no verdict** before its 5 seeds are in).
 """
 import json
 import os
@@ -21,7 +25,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from experiments import b_sweep, competent, paired, power_grid  # noqa: E402
+from experiments import b_sweep, competent, competent_grid, paired, power_grid  # noqa: E402
 
 # Overridable so that a changed copy can be checked by hand: SCIENCE_DOC=/tmp/paper.md, SCIENCE_RESULTS=/tmp/results
 DOC = os.environ.get("SCIENCE_DOC", os.path.join(ROOT, "docs", "paper.md"))
@@ -71,6 +75,7 @@ class Evidence:
         self.pilot = load("competent_pilot.jsonl", results)
         self.first = load("paper_grid.jsonl", results)
         self.timing = load("paper_timing.jsonl", results)
+        self.grid = load("competent_grid.jsonl", results)
 
     def __call__(self, spec):
         """-> (text the doc must show after the span, verdict word for the verdict cell)."""
@@ -90,6 +95,8 @@ class Evidence:
             _, row = rest.split(" ")
             values = [r["jacobi_tokens_per_forward"] for r in self.first if r["row"] == row]
             return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}, {len(values)} seeds", "measured"
+        if grid == "competent_grid":
+            return self.competent_grid(rest)
         if grid == "paper_timing":
             a, _, b = rest.split(" ")
             step = {r["row"]: r["step_seconds"] for r in self.timing}
@@ -115,6 +122,21 @@ class Evidence:
         return f"{interval_text(iv, metric)}, {seeds_text(seeds)}", says
 
 
+    def competent_grid(self, rest):
+        """`competent_grid KEY seed 1` or `... seeds 1-5`: report()'s row for claim KEY on those seeds' records."""
+        key, _, named = rest.split(" ")
+        first, _, last = named.partition("-")
+        seeds = range(int(first), int(last or first) + 1)
+        rows, _ = competent_grid.report([r for r in self.grid if r.get("seed") in seeds], competent_grid.FULL)
+        r = next((r for r in rows if r["key"] == key), None)
+        if r is None:
+            return f"no records of claim {key} on {named}", "no records"
+        iv = paired.Interval(r["estimate"], r["lo"], r["hi"], 0, r["df"])
+        n = len(r["seeds"])
+        metric = "tpf" if "tokens/forward" in r["claim"] else "accuracy"
+        return f"{interval_text(iv, metric)}, {n} seed{'s' if n > 1 else ''}", r["verdict"]
+
+
 def tables(text):
     """Every markdown table under each heading: {heading: [[cells of a row], ...]} (header and rule left out)."""
     found, heading, rows = {}, None, None
@@ -137,9 +159,33 @@ def tables(text):
 
 def holds_now_problems(text, evidence):
     """Every disagreement between the doc's "what holds now" tables and the results."""
-    problems, rows = [], [r for h, rs in tables(text).items() if h.lower().startswith("what holds now") for r in rs]
+    rows = [r for h, rs in tables(text).items() if h.lower().startswith("what holds now") for r in rs]
     if not rows:
         return ["docs/paper.md has no table under a heading 'What holds now'"]
+    return evidence_problems(rows, evidence)
+
+
+def competent_grid_problems(text, evidence):
+    """The competent grid's table: each row as a "what holds now" row, one set of seeds for every row, and a row
+    for every claim report() gives on those seeds."""
+    rows = [r for h, rs in tables(text).items() if "competent grid" in h.lower() for r in rs]
+    if not rows:
+        return ["docs/paper.md has no table under a heading naming the competent grid"]
+    problems = evidence_problems(rows, evidence)
+    specs = [m for cells in rows for m in re.findall(r"`competent_grid (\w+) (seeds? [\d-]+)`", cells[2])]
+    named = {seeds for _, seeds in specs}
+    if len(named) != 1:
+        return problems + [f"the competent grid's table names {sorted(named)}: one set of seeds for every row"]
+    first, _, last = named.pop().split(" ")[1].partition("-")
+    seeds = range(int(first), int(last or first) + 1)
+    rows, _ = competent_grid.report([r for r in evidence.grid if r.get("seed") in seeds], competent_grid.FULL)
+    missing = [r["key"] for r in rows if r["key"] not in {k for k, _ in specs}]
+    return problems + [f"the competent grid's table has no row for claim {k}" for k in missing]
+
+
+def evidence_problems(rows, evidence):
+    """Each row's evidence spans and verdict cell against the results."""
+    problems = []
     for cells in rows:
         claim, evidence_cell, verdict_cell = cells[0], cells[2], cells[3]
         parts = re.split(r"`([^`]+)`", evidence_cell)  # text, span, text, span, text, ...
@@ -259,6 +305,20 @@ def test_the_competent_pilot_table_matches_the_rule(doc):
     assert not problems, "\n".join(problems)
 
 
+def test_the_competent_grid_table_matches_the_results(doc, evidence):
+    problems = competent_grid_problems(doc, evidence)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_competent_grid_check_sees_a_wrong_cell_and_a_missing_row(doc, evidence):
+    """A changed interval, a verdict word before 5 seeds and a dropped claim row each fail."""
+    row = next(line for line in doc.splitlines() if "`competent_grid a seed" in line)
+    number = re.search(r"`: (\S+) \[", row)[1]
+    for altered in (row.replace(f"`: {number} [", "`: +9.9 [", 1), row.replace("**interim", "**reproduced** **interim")):
+        assert competent_grid_problems(doc.replace(row, altered), evidence), altered
+    assert competent_grid_problems(doc.replace(row + "\n", ""), evidence)
+
+
 def test_an_altered_number_in_the_doc_fails(doc, evidence):
     """The check sees a wrong number: one interval's upper end changed in a copy of the doc."""
     altered = doc.replace("+0.8 [-0.1, +1.7] points", "+0.8 [-0.1, +1.9] points", 1)
@@ -267,7 +327,8 @@ def test_an_altered_number_in_the_doc_fails(doc, evidence):
 
 def test_an_altered_result_row_fails(doc, tmp_path):
     """The check sees a changed result: one powered-grid run's greedy outcomes altered in a copy."""
-    for name in ("power_grid.jsonl", "b_sweep.jsonl", "competent_pilot.jsonl", "paper_grid.jsonl", "paper_timing.jsonl"):
+    for name in ("power_grid.jsonl", "b_sweep.jsonl", "competent_pilot.jsonl", "paper_grid.jsonl", "paper_timing.jsonl",
+                 "competent_grid.jsonl"):
         rows = load(name)
         if name == "power_grid.jsonl":
             row = next(r for r in rows if r["row"] == "mars_B4" and r["seed"] == 1)
