@@ -183,6 +183,29 @@ def competent_grid_problems(text, evidence):
     return problems + [f"the competent grid's table has no row for claim {k}" for k in missing]
 
 
+def long_run_problems(text, grid):
+    """The 128-epoch measurement's table: one row per finished chunk (epochs, accuracy on all prompts and on
+    arithmetic, held-out loss at the chunk's end, the lowest held-out loss so far and its epoch)."""
+    chunks = {str(r["epochs"]): r for r in grid if r.get("row") == "long"}
+    rows = [r for h, rs in tables(text).items() if "128 epochs" in h for r in rs]
+    if chunks and not rows:
+        return ["docs/paper.md has no table under a heading naming 128 epochs, and the results have its chunks"]
+    per_epoch = competent_grid.FULL["N"] // competent_grid.FULL["batch"]
+    problems = []
+    for cells in rows:
+        r = chunks.get(cells[0])
+        if r is None:
+            problems.append(f"128-epoch table: no chunk ending at epoch {cells[0]} in the results")
+            continue
+        curve = [point for c in chunks.values() if c["epochs"] <= r["epochs"] for point in c["held_out_loss"]]
+        step, low = min(((s, v["ar"]) for s, v in curve), key=lambda x: x[1])
+        want = [cells[0], f"{r['all']['accuracy']['all']:.3f}", f"{r['all']['accuracy']['arithmetic']:.3f}",
+                f"{r['held_out_loss'][-1][1]['ar']:.3f}", f"{low:.3f} (epoch {step / per_epoch:.0f})"]
+        if cells != want:
+            problems.append(f"128-epoch table: the doc has {cells}, the results give {want}")
+    return problems
+
+
 def evidence_problems(rows, evidence):
     """Each row's evidence spans and verdict cell against the results."""
     problems = []
@@ -317,6 +340,11 @@ def test_the_competent_grid_check_sees_a_wrong_cell_and_a_missing_row(doc, evide
     for altered in (row.replace(f"`: {number} [", "`: +9.9 [", 1), row.replace("**interim", "**reproduced** **interim")):
         assert competent_grid_problems(doc.replace(row, altered), evidence), altered
     assert competent_grid_problems(doc.replace(row + "\n", ""), evidence)
+
+
+def test_the_128_epoch_table_matches_the_results(doc, evidence):
+    problems = long_run_problems(doc, evidence.grid)
+    assert not problems, "\n".join(problems)
 
 
 def test_an_altered_number_in_the_doc_fails(doc, evidence):
