@@ -347,6 +347,14 @@ def test_the_128_epoch_table_matches_the_results(doc, evidence):
     assert not problems, "\n".join(problems)
 
 
+def test_the_128_epoch_check_sees_a_wrong_cell(doc, evidence):
+    """An accuracy changed in the table's first row fails."""
+    row = next(line for line in doc.splitlines() if line.startswith("| 16 |"))
+    cells = row.split(" | ")
+    cells[1] = f"{float(cells[1]) + 0.001:.3f}"
+    assert long_run_problems(doc.replace(row, " | ".join(cells)), evidence.grid)
+
+
 def test_an_altered_number_in_the_doc_fails(doc, evidence):
     """The check sees a wrong number: one interval's upper end changed in a copy of the doc."""
     altered = doc.replace("+0.8 [-0.1, +1.7] points", "+0.8 [-0.1, +1.9] points", 1)
