@@ -9,7 +9,7 @@ A "what holds now" row names its evidence as code spans, each followed by the nu
     `power_grid tokens/forward mars_B16@0.95 - mars_B4@0.95`: -0.32 [-0.44, -0.20], 5 seeds
     `power_grid contrast`  `power_grid tokens/forward mars_B4@0.95` (mean +- sd)  `competent_pilot P4 2E - E`
     `paper_grid jacobi ar_E`  `paper_timing mars_B4 / ar_E`  `b_sweep D1 tokens/forward mars_B16 - mars_B4`
-    `competent_grid a seed 1`: +3.9 [+2.6, +5.2] points, 1 seed   (`competent_grid a seeds 1-5` when all are in:
+    `competent_grid a seed 1`: +3.9 [+2.6, +5.1] points, 1 seed   (`competent_grid a seeds 1-5` when all are in:
     the claim on the named seeds' records only, so rows appended later leave an interim line true)
 and its verdict cell opens with the first span's word in bold (**reproduced**, **contradicted**, **not
 detected**; **measured** where no rule was fixed before the run; **one seed** for a single-seed number; the
@@ -121,14 +121,16 @@ class Evidence:
         says = "measured" if direction is None else paired.verdict(iv.lo, iv.hi, direction, power_grid.FLAT)
         return f"{interval_text(iv, metric)}, {seeds_text(seeds)}", says
 
+    def grid_claims(self, named):
+        """competent_grid.report()'s rows on the records of the seeds named ("seed 1", "seeds 1-5") only."""
+        first, _, last = named.split(" ")[1].partition("-")
+        seeds = range(int(first), int(last or first) + 1)
+        return competent_grid.report([r for r in self.grid if r.get("seed") in seeds], competent_grid.FULL)[0]
 
     def competent_grid(self, rest):
         """`competent_grid KEY seed 1` or `... seeds 1-5`: report()'s row for claim KEY on those seeds' records."""
-        key, _, named = rest.split(" ")
-        first, _, last = named.partition("-")
-        seeds = range(int(first), int(last or first) + 1)
-        rows, _ = competent_grid.report([r for r in self.grid if r.get("seed") in seeds], competent_grid.FULL)
-        r = next((r for r in rows if r["key"] == key), None)
+        key, named = rest.split(" ", 1)
+        r = next((r for r in self.grid_claims(named) if r["key"] == key), None)
         if r is None:
             return f"no records of claim {key} on {named}", "no records"
         iv = paired.Interval(r["estimate"], r["lo"], r["hi"], 0, r["df"])
@@ -176,10 +178,7 @@ def competent_grid_problems(text, evidence):
     named = {seeds for _, seeds in specs}
     if len(named) != 1:
         return problems + [f"the competent grid's table names {sorted(named)}: one set of seeds for every row"]
-    first, _, last = named.pop().split(" ")[1].partition("-")
-    seeds = range(int(first), int(last or first) + 1)
-    rows, _ = competent_grid.report([r for r in evidence.grid if r.get("seed") in seeds], competent_grid.FULL)
-    missing = [r["key"] for r in rows if r["key"] not in {k for k, _ in specs}]
+    missing = [r["key"] for r in evidence.grid_claims(named.pop()) if r["key"] not in {k for k, _ in specs}]
     return problems + [f"the competent grid's table has no row for claim {k}" for k in missing]
 
 
