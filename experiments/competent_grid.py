@@ -468,8 +468,8 @@ def print_report(results, cfg):
     tpf = [sum(r["sweep"]["0.95"]["tokens"]) / sum(r["sweep"]["0.95"]["forwards"]) for r in results
            if r.get("row") == "mars_B4" and "0.95" in r.get("sweep", {})]
     if tpf:
-        print(f"         MARS B 4 tokens/forward at tau 0.95: {statistics.mean(tpf):.2f} +- "
-              f"{statistics.stdev(tpf) if len(tpf) > 1 else 0:.2f} ({len(tpf)} seeds)")
+        spread = f" +- {statistics.stdev(tpf):.2f} ({len(tpf)} seeds)" if len(tpf) > 1 else " (1 seed)"
+        print(f"         MARS B 4 tokens/forward at tau 0.95: {statistics.mean(tpf):.2f}{spread}")
     for r in sorted((r for r in results if r.get("row") == "long"), key=lambda r: r["epochs"]):
         print(f"long     AR-SFT seed 0, epoch {r['epochs']} of {r['schedule_epochs']}: accuracy "
               f"{r['all']['accuracy']['all']:.3f}, held-out loss {r['held_out_loss'][-1][1]['ar']:.3f}")

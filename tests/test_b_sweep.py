@@ -107,6 +107,13 @@ def test_decision_rules_on_constructed_results():
     got = b_sweep.decide(runs({("D1", "mars_B4"): 2.0, ("D1", "mars_B16"): 2.4}, {("D1", "mars_B4"): high,
                                                                                     ("D1", "mars_B16"): high}))
     assert got["direction"]["answer"].startswith("D1 rises")
+    # a fall at D1 alone waits for the later conditions; a fall at the last condition has none to wait for
+    falls = {("D1", "mars_B4"): 2.0, ("D1", "mars_B16"): 1.6}
+    got = b_sweep.decide(runs(falls, {k: high for k in falls}))
+    assert got["direction"]["answer"] == "no flip: falls up to D1 (no later condition measured yet)"
+    falls = {**falls, ("endless", "mars_B4"): 2.0, ("endless", "mars_B16"): 1.6}
+    got = b_sweep.decide(runs(falls, {k: high for k in falls}))
+    assert got["direction"]["answer"] == "no flip: falls up to endless"
 
 
 def pilot_row(name, arithmetic, right, steps=100, step_s=0.5):
