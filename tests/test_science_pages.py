@@ -183,25 +183,27 @@ def competent_grid_problems(text, evidence):
 
 
 def long_run_problems(text, grid):
-    """The 128-epoch measurement's table: one row per finished chunk (epochs, accuracy on all prompts and on
-    arithmetic, held-out loss at the chunk's end, the lowest held-out loss so far and its epoch)."""
+    """The 128-epoch measurement's table: exactly one row per finished chunk (epochs, accuracy on all prompts and
+    on arithmetic, held-out loss at the chunk's end, the lowest held-out loss so far and its epoch)."""
     chunks = {str(r["epochs"]): r for r in grid if r.get("row") == "long"}
     rows = [r for h, rs in tables(text).items() if "128 epochs" in h for r in rs]
     if chunks and not rows:
         return ["docs/paper.md has no table under a heading naming 128 epochs, and the results have its chunks"]
     per_epoch = competent_grid.FULL["N"] // competent_grid.FULL["batch"]
-    problems = []
+
+    def want(r):
+        curve = [point for c in chunks.values() if c["epochs"] <= r["epochs"] for point in c["held_out_loss"]]
+        step, low = min(((s, v["ar"]) for s, v in curve), key=lambda x: x[1])
+        return [str(r["epochs"]), f"{r['all']['accuracy']['all']:.3f}", f"{r['all']['accuracy']['arithmetic']:.3f}",
+                f"{r['held_out_loss'][-1][1]['ar']:.3f}", f"{low:.3f} (epoch {step / per_epoch:.0f})"]
+    problems = [f"128-epoch table: no row for the chunk ending at epoch {e}; add | {' | '.join(want(r))} |"
+                for e, r in chunks.items() if e not in {cells[0] for cells in rows}]
     for cells in rows:
         r = chunks.get(cells[0])
         if r is None:
             problems.append(f"128-epoch table: no chunk ending at epoch {cells[0]} in the results")
-            continue
-        curve = [point for c in chunks.values() if c["epochs"] <= r["epochs"] for point in c["held_out_loss"]]
-        step, low = min(((s, v["ar"]) for s, v in curve), key=lambda x: x[1])
-        want = [cells[0], f"{r['all']['accuracy']['all']:.3f}", f"{r['all']['accuracy']['arithmetic']:.3f}",
-                f"{r['held_out_loss'][-1][1]['ar']:.3f}", f"{low:.3f} (epoch {step / per_epoch:.0f})"]
-        if cells != want:
-            problems.append(f"128-epoch table: the doc has {cells}, the results give {want}")
+        elif cells != want(r):
+            problems.append(f"128-epoch table: the doc has {cells}, the results give {want(r)}")
     return problems
 
 
@@ -346,12 +348,13 @@ def test_the_128_epoch_table_matches_the_results(doc, evidence):
     assert not problems, "\n".join(problems)
 
 
-def test_the_128_epoch_check_sees_a_wrong_cell(doc, evidence):
-    """An accuracy changed in the table's first row fails."""
+def test_the_128_epoch_check_sees_a_wrong_cell_and_a_missing_row(doc, evidence):
+    """An accuracy changed in the table's first row fails, and so does the row left out."""
     row = next(line for line in doc.splitlines() if line.startswith("| 16 |"))
     cells = row.split(" | ")
     cells[1] = f"{float(cells[1]) + 0.001:.3f}"
     assert long_run_problems(doc.replace(row, " | ".join(cells)), evidence.grid)
+    assert long_run_problems(doc.replace(row + "\n", ""), evidence.grid)
 
 
 def test_an_altered_number_in_the_doc_fails(doc, evidence):
