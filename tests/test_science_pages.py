@@ -128,7 +128,15 @@ class Evidence:
         return competent_grid.report([r for r in self.grid if r.get("seed") in seeds], competent_grid.FULL)[0]
 
     def competent_grid(self, rest):
-        """`competent_grid KEY seed 1` or `... seeds 1-5`: report()'s row for claim KEY on those seeds' records."""
+        """`competent_grid KEY seed 1` or `... seeds 1-5`: report()'s row for claim KEY on those seeds' records;
+        `competent_grid long E128 - E80`: two chunks of the 128-epoch run, paired over the prompts (one seed)."""
+        m = re.fullmatch(r"long E(\d+) - E(\d+)", rest)
+        if m:
+            right = {r["epochs"]: [int(c) for c in r["all"]["right"]] for r in self.grid if r.get("row") == "long"}
+            if int(m[1]) not in right or int(m[2]) not in right:
+                return f"no chunks for {rest}", "no records"
+            iv = paired.accuracy_difference([right[int(m[1])]], [right[int(m[2])]])
+            return f"{interval_text(iv, 'accuracy')}, one seed", "one seed"
         key, named = rest.split(" ", 1)
         r = next((r for r in self.grid_claims(named) if r["key"] == key), None)
         if r is None:
@@ -204,6 +212,18 @@ def long_run_problems(text, grid):
             problems.append(f"128-epoch table: no chunk ending at epoch {cells[0]} in the results")
         elif cells != want(r):
             problems.append(f"128-epoch table: the doc has {cells}, the results give {want(r)}")
+    return problems
+
+
+def long_run_sentence_problems(text, evidence):
+    """Every `competent_grid long EA - EB` span in the page's prose, followed by its paired interval."""
+    chunks = {r["epochs"]: r["all"]["accuracy"]["all"] for r in evidence.grid if r.get("row") == "long"}
+    problems = [f"the highest chunk is epoch {max(chunks, key=chunks.get)}, the doc says {e}"
+                for e in re.findall(r"highest chunk, epoch (\d+)", text) if int(e) != max(chunks, key=chunks.get)]
+    for m in re.finditer(r"`(competent_grid long E\d+ - E\d+)`([^`]*)", text):
+        want, _ = evidence(m[1])
+        if not " ".join(m[2].split()).startswith(": " + want):
+            problems.append(f"`{m[1]}` should be followed by ': {want}', the doc has {m[2][:60]!r}")
     return problems
 
 
@@ -355,6 +375,23 @@ def test_the_128_epoch_check_sees_a_wrong_cell_and_a_missing_row(doc, evidence):
     cells[1] = f"{float(cells[1]) + 0.001:.3f}"
     assert long_run_problems(doc.replace(row, " | ".join(cells)), evidence.grid)
     assert long_run_problems(doc.replace(row + "\n", ""), evidence.grid)
+
+
+def test_the_128_epoch_sentences_match_the_results(doc, evidence):
+    problems = long_run_sentence_problems(doc, evidence)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_128_epoch_sentence_check_sees_a_wrong_interval_and_a_wrong_peak(doc, evidence):
+    """Each interval after a `competent_grid long` span shifted by a point fails, and so does another epoch named
+    as the highest chunk."""
+    spans = re.findall(r"`competent_grid long E\d+ - E\d+`: ([+-]\d+\.\d)", doc)
+    peaks = re.findall(r"highest chunk, epoch \d+", doc)
+    assert spans and peaks, "the 128-epoch subsection quotes its chunks' differences and its highest chunk"
+    for value in spans:
+        altered = doc.replace(f": {value} [", f": {float(value) + 1:+.1f} [", 1)
+        assert long_run_sentence_problems(altered, evidence), value
+    assert long_run_sentence_problems(doc.replace(peaks[0], "highest chunk, epoch 1"), evidence)
 
 
 def test_an_altered_number_in_the_doc_fails(doc, evidence):
