@@ -461,8 +461,9 @@ def print_report(results, cfg):
     for r in rows:
         pts = 1 if "tokens/forward" in r["claim"] else 100
         unit = "" if pts == 1 else " points"
+        seeds = f"{len(r['seeds'])} seed{'s' if len(r['seeds']) > 1 else ''}"
         print(f"{r['key']:<8} {r['claim']}: {pts * r['estimate']:+.2f} [{pts * r['lo']:+.2f}, {pts * r['hi']:+.2f}]"
-              f"{unit} ({len(r['seeds'])} seeds, t({r['df']:.0f}){', seed-clustered' if r['method'] != 'random effects' else ''}"
+              f"{unit} ({seeds}, t({r['df']:.0f}){', seed-clustered' if r['method'] != 'random effects' else ''}"
               f"): {r['verdict']}" + (f", smallest detectable {pts * r['mde']:.2f}" if r["verdict"] == "not detected"
                                       else ""))
     tpf = [sum(r["sweep"]["0.95"]["tokens"]) / sum(r["sweep"]["0.95"]["forwards"]) for r in results
