@@ -318,9 +318,9 @@ def decide(results, n_seeds=3, tau=DECIDE_TAU):
         last = falls[-1]
         after = [c for c in DATA_ORDER[DATA_ORDER.index(last) + 1:] if labels.get(c) == "rises"]
         later = [f"{c} {labels[c]}" for c in DATA_ORDER[DATA_ORDER.index(last) + 1:] if c in labels]
+        waiting = "" if last == DATA_ORDER[-1] else " (no later condition measured yet)"
         answer = (f"flips between {last} and {after[0]}" if after else f"no flip: falls up to {last}" +
-                  (f", then {', '.join(later)}" if later else
-                   "" if last == DATA_ORDER[-1] else " (no later condition measured yet)"))
+                  (f", then {', '.join(later)}" if later else waiting))
     out["direction"] = {"answer": answer, "labels": labels, "preliminary": any(k < n_seeds for k in used.values()),
                         "delta": {c: list(iv[:3]) for c, iv in direction.items()}}
     # 2. model or window, D1

@@ -210,16 +210,17 @@ def long_run_problems(text, grid):
         r = chunks.get(cells[0])
         if r is None:
             problems.append(f"128-epoch table: no chunk ending at epoch {cells[0]} in the results")
-        elif cells != want(r):
-            problems.append(f"128-epoch table: the doc has {cells}, the results give {want(r)}")
+        elif cells != (got := want(r)):
+            problems.append(f"128-epoch table: the doc has {cells}, the results give {got}")
     return problems
 
 
 def long_run_sentence_problems(text, evidence):
     """Every `competent_grid long EA - EB` span in the page's prose, followed by its paired interval."""
-    chunks = {r["epochs"]: r["all"]["accuracy"]["all"] for r in evidence.grid if r.get("row") == "long"}
-    problems = [f"the highest chunk is epoch {max(chunks, key=chunks.get)}, the doc says {e}"
-                for e in re.findall(r"highest chunk, epoch (\d+)", text) if int(e) != max(chunks, key=chunks.get)]
+    accuracy = {r["epochs"]: r["all"]["accuracy"]["all"] for r in evidence.grid if r.get("row") == "long"}
+    highest = max(accuracy, key=accuracy.get)
+    problems = [f"the highest chunk is epoch {highest}, the doc says {e}"
+                for e in re.findall(r"highest chunk, epoch (\d+)", text) if int(e) != highest]
     for m in re.finditer(r"`(competent_grid long E\d+ - E\d+)`([^`]*)", text):
         want, _ = evidence(m[1])
         if not " ".join(m[2].split()).startswith(": " + want):
