@@ -409,10 +409,14 @@ def difference(results, a, b, metric, tau_a, tau_b, cfg, family=None):
     return paired.ratio_difference(stack(A, 1), stack(A, 2), stack(B, 1), stack(B, 2)), seeds
 
 
+def seed_count(n):
+    return f"{n} seed{'s' if n > 1 else ''}"
+
+
 def judge(iv, seeds, direction, cfg):
     """The protocol's word for an interval (only with every seed of the protocol)."""
     if len(seeds) < len(cfg["seeds"]):
-        return f"interim ({len(seeds)} seed{'s' if len(seeds) > 1 else ''}): no verdict"
+        return f"interim ({seed_count(len(seeds))}): no verdict"
     if direction is None:
         return "detected above 0" if iv.lo > 0 else "detected below 0" if iv.hi < 0 else "not detected"
     return paired.verdict(iv.lo, iv.hi, direction, FLAT)
@@ -461,7 +465,7 @@ def print_report(results, cfg):
     for r in rows:
         pts = 1 if "tokens/forward" in r["claim"] else 100
         unit = "" if pts == 1 else " points"
-        seeds = f"{len(r['seeds'])} seed{'s' if len(r['seeds']) > 1 else ''}"
+        seeds = seed_count(len(r["seeds"]))
         print(f"{r['key']:<8} {r['claim']}: {pts * r['estimate']:+.2f} [{pts * r['lo']:+.2f}, {pts * r['hi']:+.2f}]"
               f"{unit} ({seeds}, t({r['df']:.0f}){', seed-clustered' if r['method'] != 'random effects' else ''}"
               f"): {r['verdict']}" + (f", smallest detectable {pts * r['mde']:.2f}" if r["verdict"] == "not detected"

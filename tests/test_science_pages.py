@@ -132,10 +132,11 @@ class Evidence:
         `competent_grid long E128 - E80`: two chunks of the 128-epoch run, paired over the prompts (one seed)."""
         m = re.fullmatch(r"long E(\d+) - E(\d+)", rest)
         if m:
-            right = {r["epochs"]: [int(c) for c in r["all"]["right"]] for r in self.grid if r.get("row") == "long"}
-            if int(m[1]) not in right or int(m[2]) not in right:
+            chunks = long_chunks(self.grid)
+            if int(m[1]) not in chunks or int(m[2]) not in chunks:
                 return f"no chunks for {rest}", "no records"
-            iv = paired.accuracy_difference([right[int(m[1])]], [right[int(m[2])]])
+            a, b = ([[int(c) for c in chunks[int(e)]["all"]["right"]]] for e in m.groups())  # [1 seed][prompts]
+            iv = paired.accuracy_difference(a, b)
             return f"{interval_text(iv, 'accuracy')}, one seed", "one seed"
         key, named = rest.split(" ", 1)
         r = next((r for r in self.grid_claims(named) if r["key"] == key), None)
@@ -190,10 +191,15 @@ def competent_grid_problems(text, evidence):
     return problems + [f"the competent grid's table has no row for claim {k}" for k in missing]
 
 
+def long_chunks(grid):
+    """The 128-epoch measurement's finished chunks, {epoch it ends at: its record}."""
+    return {r["epochs"]: r for r in grid if r.get("row") == "long"}
+
+
 def long_run_problems(text, grid):
     """The 128-epoch measurement's table: exactly one row per finished chunk (epochs, accuracy on all prompts and
     on arithmetic, held-out loss at the chunk's end, the lowest held-out loss so far and its epoch)."""
-    chunks = {str(r["epochs"]): r for r in grid if r.get("row") == "long"}
+    chunks = {str(e): r for e, r in long_chunks(grid).items()}
     rows = [r for h, rs in tables(text).items() if "128 epochs" in h for r in rs]
     if chunks and not rows:
         return ["docs/paper.md has no table under a heading naming 128 epochs, and the results have its chunks"]
@@ -217,8 +223,8 @@ def long_run_problems(text, grid):
 
 def long_run_sentence_problems(text, evidence):
     """Every `competent_grid long EA - EB` span in the page's prose, followed by its paired interval."""
-    accuracy = {r["epochs"]: r["all"]["accuracy"]["all"] for r in evidence.grid if r.get("row") == "long"}
-    highest = max(accuracy, key=accuracy.get)
+    chunks = long_chunks(evidence.grid)
+    highest = max(chunks, key=lambda e: chunks[e]["all"]["accuracy"]["all"])
     problems = [f"the highest chunk is epoch {highest}, the doc says {e}"
                 for e in re.findall(r"highest chunk, epoch (\d+)", text) if int(e) != highest]
     for m in re.finditer(r"`(competent_grid long E\d+ - E\d+)`([^`]*)", text):
