@@ -50,10 +50,22 @@ class Interval(NamedTuple):
 
 
 def t_quantile(q, df):
-    """Student's t quantile: a Cornish-Fisher expansion around the normal one (within 0.3% for df >= 3; df 2: 3% low)."""
-    z = NormalDist().inv_cdf(q)
-    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+    """Student's t quantile (0.5 < q < 1, df >= 1 as Satterthwaite's are here). With t = sqrt(df) tan(u) the
+    t density becomes cos(u)^(df - 1) / B(df / 2, 1 / 2), smooth and bounded, so the CDF is Simpson's rule on
+    it and the quantile a bisection on u. The quantile is at most df 1's, tan(pi (q - 1/2)), which bounds u
+    and keeps the density's peak (width 1 / sqrt(df)) many grid points wide. Checked against the printed table.
+    Above 1e6 degrees of freedom the normal quantile (within 3e-6 of t's; lgamma's rounding grows past it)."""
+    if df > 1e6:
+        return NormalDist().inv_cdf(q)
+    beta = math.exp(math.lgamma(df / 2) + math.lgamma(0.5) - math.lgamma(df / 2 + 0.5))
+    lo, hi = 0.0, math.atan(math.tan(math.pi * (q - 0.5)) / math.sqrt(df))
+    for _ in range(50):
+        u = (lo + hi) / 2
+        x = np.linspace(0.0, u, 2001)
+        w = np.ones(2001); w[1:-1:2], w[2:-1:2] = 4, 2  # Simpson's weights
+        area = float((w * np.cos(x) ** (df - 1)).sum()) * u / 6000 / beta
+        lo, hi = (u, hi) if area < q - 0.5 else (lo, u)
+    return math.sqrt(df) * math.tan((lo + hi) / 2)
 
 
 def random_effects(d, level=0.95):

@@ -10,7 +10,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import paired  # noqa: E402
 
-T4 = 2.776445  # Student's t, 97.5%, 4 degrees of freedom (paired.t_quantile is within 0.3%)
+T4 = 2.776445  # Student's t, 97.5%, 4 degrees of freedom
+
+
+@pytest.mark.parametrize("q, df, table", [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, T4),
+                                           (0.975, 30, 2.0423), (0.80, 4, 0.9410), (0.975, float("inf"), 1.9600)])
+def test_t_quantile_matches_the_printed_table(q, df, table):
+    """At 2 seeds an interval's t has 1 degree of freedom, where a normal-based expansion is 24% low."""
+    assert paired.t_quantile(q, df) == pytest.approx(table, abs=1e-4)
 
 
 def seeds_with_means(counts, base, shift, prompts=100):

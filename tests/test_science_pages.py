@@ -331,6 +331,47 @@ def b_sweep_problems(text, evidence):
     return problems
 
 
+POWER_TABLES = "The grid at A, claim by claim"
+SIDE = re.compile(r"`(\w+)` (greedy|its sampler, tau 1|adaptive, tau ([\d.]+)|tau ([\d.]+))")
+
+
+def power_side(m):
+    """A side of the table's "a - b" cell -> (row, the tau power_grid.claim names it by)."""
+    return m[1], f"adaptive:{m[3]}" if m[3] else m[4] or "1"
+
+
+def power_grid_table_problems(text, evidence):
+    """The powered grid's two tables: each claim line's interval from power_grid.claim on the rows and taus its
+    "a - b" cell names (and its "seed term cut" note where the rule took the seed-clustered interval), and each
+    tokens/forward-by-B line's means and differences to B 4."""
+    rows = tables(text).get(POWER_TABLES)
+    if not rows:
+        return [f"docs/paper.md has no table under {POWER_TABLES!r}"]
+    problems = []
+    for cells in rows:
+        if re.fullmatch(r"[\d.]+", cells[0]):  # tau | B 4 | B 8 | B 16 | B 8 - B 4 | B 16 - B 4
+            tau, blocks = cells[0], (4, 8, 16)
+            spread = [power_grid.tokens_per_forward(evidence.power, f"mars_B{B}", tau) for B in blocks]
+            want = [f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}" for v in spread]
+            want += [interval_text(power_grid.claim(evidence.power, f"mars_B{B}", "mars_B4", "tokens_per_forward",
+                                                    tau, tau, power_grid.FULL)[0], "tpf") for B in blocks[1:]]
+            got = cells[1:]
+        else:
+            metric = "accuracy" if "points" in cells[4] else "tokens_per_forward"
+            if cells[1].startswith("("):  # the contrast
+                n16, n4, m16, m4 = power_grid.greedy_right(evidence.power, power_grid.INTERACTION, power_grid.FULL)[1].values()
+                iv = paired.interval((n16 - n4) - (m16 - m4))
+            else:
+                (a, ta), (b, tb) = (power_side(m) for m in SIDE.finditer(cells[1]))
+                family = [power_grid.powered_eval.worked.NAME] if cells[0].startswith("long answers") else []
+                iv, _ = power_grid.claim(evidence.power, a, b, metric, ta, tb, power_grid.FULL, *family)
+            note = " (seed term cut: seed-clustered t(4))" if iv.method == "seed-clustered" else ""
+            want, got = [interval_text(iv, metric) + note], [cells[4]]
+        problems += [f"{POWER_TABLES}, {cells[0]!r}: the doc has {g!r}, the results give {w!r}"
+                     for g, w in zip(got, want) if g != w]
+    return problems
+
+
 @pytest.fixture(scope="module")
 def doc():
     with open(DOC) as f:
@@ -348,6 +389,11 @@ def test_what_holds_now_matches_the_results(doc, evidence):
 
 def test_the_b_sweep_table_matches_the_results(doc, evidence):
     problems = b_sweep_problems(doc, evidence)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_powered_grid_tables_match_the_results(doc, evidence):
+    problems = power_grid_table_problems(doc, evidence)
     assert not problems, "\n".join(problems)
 
 
