@@ -59,11 +59,11 @@ def t_quantile(q, df):
         return NormalDist().inv_cdf(q)
     beta = math.exp(math.lgamma(df / 2) + math.lgamma(0.5) - math.lgamma(df / 2 + 0.5))
     lo, hi = 0.0, math.atan(math.tan(math.pi * (q - 0.5)) / math.sqrt(df))
+    grid = np.linspace(0.0, 1.0, 2001)
+    simpson = np.ones(2001); simpson[1:-1:2], simpson[2:-1:2] = 4, 2
     for _ in range(50):
         u = (lo + hi) / 2
-        x = np.linspace(0.0, u, 2001)
-        w = np.ones(2001); w[1:-1:2], w[2:-1:2] = 4, 2  # Simpson's weights
-        area = float((w * np.cos(x) ** (df - 1)).sum()) * u / 6000 / beta
+        area = float((simpson * np.cos(u * grid) ** (df - 1)).sum()) * u / 6000 / beta
         lo, hi = (u, hi) if area < q - 0.5 else (lo, u)
     return math.sqrt(df) * math.tan((lo + hi) / 2)
 

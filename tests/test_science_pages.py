@@ -44,6 +44,17 @@ def interval_text(iv, metric):
     return f"{iv.estimate:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}]"
 
 
+def mean_sd(values):
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def power_contrast(power):
+    """The powered grid's (no-SFT B16 - B4) - (MARS B16 - B4) at tau 1: (paired interval, seeds)."""
+    seeds, right = power_grid.greedy_right(power, power_grid.INTERACTION, power_grid.FULL)
+    n16, n4, m16, m4 = (right[r] for r in power_grid.INTERACTION)
+    return paired.interval((n16 - n4) - (m16 - m4)), seeds
+
+
 SPEC = re.compile(r"^(?P<metric>tokens/forward )?(?P<a>\w+)@(?P<ta>[\w.:]+) - (?P<b>\w+)@(?P<tb>[\w.:]+)$")
 
 
@@ -94,7 +105,7 @@ class Evidence:
         if grid == "paper_grid":
             _, row = rest.split(" ")
             values = [r["jacobi_tokens_per_forward"] for r in self.first if r["row"] == row]
-            return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}, {len(values)} seeds", "measured"
+            return f"{mean_sd(values)}, {len(values)} seeds", "measured"
         if grid == "competent_grid":
             return self.competent_grid(rest)
         if grid == "paper_timing":
@@ -106,14 +117,12 @@ class Evidence:
     def power_grid(self, rest):
         seeds_text = lambda seeds: f"{len(seeds)} seeds"  # noqa: E731
         if rest == "contrast":
-            seeds, right = power_grid.greedy_right(self.power, power_grid.INTERACTION, power_grid.FULL)
-            n16, n4, m16, m4 = (right[r] for r in power_grid.INTERACTION)
-            iv = paired.interval((n16 - n4) - (m16 - m4))
+            iv, seeds = power_contrast(self.power)
             return f"{interval_text(iv, 'accuracy')}, {seeds_text(seeds)}", paired.verdict(iv.lo, iv.hi, -1)
         m = re.fullmatch(r"tokens/forward (\w+)@([\d.]+)", rest)
         if m:
             values = power_grid.tokens_per_forward(self.power, m[1], m[2])
-            return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}, {len(values)} seeds", "measured"
+            return f"{mean_sd(values)}, {len(values)} seeds", "measured"
         m = SPEC.match(rest)
         metric = "tokens_per_forward" if m["metric"] else "accuracy"
         iv, seeds = power_grid.claim(self.power, m["a"], m["b"], metric, m["ta"], m["tb"], power_grid.FULL)
@@ -352,15 +361,14 @@ def power_grid_table_problems(text, evidence):
         if re.fullmatch(r"[\d.]+", cells[0]):  # tau | B 4 | B 8 | B 16 | B 8 - B 4 | B 16 - B 4
             tau, blocks = cells[0], (4, 8, 16)
             spread = [power_grid.tokens_per_forward(evidence.power, f"mars_B{B}", tau) for B in blocks]
-            want = [f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}" for v in spread]
+            want = [mean_sd(v) for v in spread]
             want += [interval_text(power_grid.claim(evidence.power, f"mars_B{B}", "mars_B4", "tokens_per_forward",
                                                     tau, tau, power_grid.FULL)[0], "tpf") for B in blocks[1:]]
             got = cells[1:]
         else:
             metric = "accuracy" if "points" in cells[4] else "tokens_per_forward"
             if cells[1].startswith("("):  # the contrast
-                n16, n4, m16, m4 = power_grid.greedy_right(evidence.power, power_grid.INTERACTION, power_grid.FULL)[1].values()
-                iv = paired.interval((n16 - n4) - (m16 - m4))
+                iv, _ = power_contrast(evidence.power)
             else:
                 (a, ta), (b, tb) = (power_side(m) for m in SIDE.finditer(cells[1]))
                 family = [power_grid.powered_eval.worked.NAME] if cells[0].startswith("long answers") else []
