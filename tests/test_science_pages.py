@@ -424,6 +424,14 @@ def test_the_competent_grid_check_sees_a_wrong_cell_and_a_missing_row(doc, evide
     assert competent_grid_problems(doc.replace(row + "\n", ""), evidence)
 
 
+def test_the_t_quantiles_the_page_quotes_are_students_t(doc):
+    """"t(4) quantile is 2.78", "t(2)'s 4.30": each two-sided 95% quantile quoted is paired.t_quantile's."""
+    quoted = re.findall(r"t\((\d+)\)(?: quantile is|'s) (\d+\.\d+)", doc)
+    assert quoted, "docs/paper.md quotes no t quantile"
+    for df, q in quoted:
+        assert f"{paired.t_quantile(0.975, int(df)):.{len(q.split('.')[1])}f}" == q, f"t({df}) is not {q}"
+
+
 def test_the_128_epoch_table_matches_the_results(doc, evidence):
     problems = long_run_problems(doc, evidence.grid)
     assert not problems, "\n".join(problems)
