@@ -14,6 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import competent_grid as grid  # noqa: E402
 from experiments import paired, powered_eval  # noqa: E402
+from experiments.resumable import weights_digest  # noqa: E402
+from nanomars.util.checkpoint import load_model  # noqa: E402
 
 
 def run(tmp_path, *flags, results="grid.jsonl"):
@@ -98,20 +100,18 @@ def test_restart_seed_moves_the_seeds_rows_aside(quick, tmp_path):
     assert grid.load(tmp_path / "grid_superseded.jsonl") == [r for r in results if r["row"] != "long"]
 
 
-
 PARENTS = os.path.join(ROOT, "experiments", "competent_grid_parents")
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(PARENTS)) if os.path.isdir(PARENTS) else [])
 def test_each_committed_parent_is_its_seeds_recorded_ar_E(name):
     """A new machine continues an unfinished seed from these weights: they must be the ones its rows pair with."""
-    from experiments.resumable import weights_digest
-    from nanomars.util.checkpoint import load_model
     seed = int(name.removeprefix("ar_E_seed").removesuffix(".pt"))
     recorded = {r["name"]: r for r in grid.load(os.path.join(ROOT, "experiments", "competent_grid.jsonl"))}
     path = os.path.join(PARENTS, name)
     assert weights_digest(path) == recorded[f"ar_E/seed{seed}"]["digest"]
     load_model(path)  # what a stage-2 row's train.py --init_from does with it
+
 
 def constructed(diff_per_seed, seeds=(1, 2, 3, 4, 5), prompts=400):
     """Records of mars_B4 and ar_E whose accuracies differ by diff_per_seed[s] on a known set of prompts."""
