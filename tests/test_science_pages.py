@@ -10,7 +10,8 @@ A "what holds now" row names its evidence as code spans, each followed by the nu
     `power_grid contrast`  `power_grid tokens/forward mars_B4@0.95` (mean +- sd)  `competent_pilot P4 2E - E`
     `paper_grid jacobi ar_E`  `paper_timing mars_B4 / ar_E`  `b_sweep D1 tokens/forward mars_B16 - mars_B4`
     `competent_grid a seed 1`: +3.9 [+2.6, +5.1] points, 1 seed   (`competent_grid a seeds 1-5` when all are in:
-    the claim on the named seeds' records only, so rows appended later leave an interim line true)
+    the claim on the named seeds' records only, so rows appended later leave an interim line true; a "not
+    detected" claim adds ", smallest detectable 9.8", what the design could have seen)
 and its verdict cell opens with the first span's word in bold (**reproduced**, **contradicted**, **not
 detected**; **measured** where no rule was fixed before the run; **one seed** for a single-seed number; the
 competent grid's own words, **interim (1 seed): no verdict** before its 5 seeds are in).
@@ -87,6 +88,7 @@ class Evidence:
         self.first = load("paper_grid.jsonl", results)
         self.timing = load("paper_timing.jsonl", results)
         self.grid = load("competent_grid.jsonl", results)
+        self.claims = {}  # "seeds 1-5" -> competent_grid.report()'s rows on those seeds
 
     def __call__(self, spec):
         """-> (text the doc must show after the span, verdict word for the verdict cell)."""
@@ -132,9 +134,12 @@ class Evidence:
 
     def grid_claims(self, named):
         """competent_grid.report()'s rows on the records of the seeds named ("seed 1", "seeds 1-5") only."""
-        first, _, last = named.split(" ")[1].partition("-")
-        seeds = range(int(first), int(last or first) + 1)
-        return competent_grid.report([r for r in self.grid if r.get("seed") in seeds], competent_grid.FULL)[0]
+        if named not in self.claims:  # report() takes seconds, and the page names the same seeds many times
+            first, _, last = named.split(" ")[1].partition("-")
+            seeds = range(int(first), int(last or first) + 1)
+            self.claims[named] = competent_grid.report([r for r in self.grid if r.get("seed") in seeds],
+                                                       competent_grid.FULL)[0]
+        return self.claims[named]
 
     def competent_grid(self, rest):
         """`competent_grid KEY seed 1` or `... seeds 1-5`: report()'s row for claim KEY on those seeds' records;
@@ -147,6 +152,12 @@ class Evidence:
             a, b = ([[int(c) for c in chunks[int(e)]["all"]["right"]]] for e in m.groups())  # [1 seed][prompts]
             iv = paired.accuracy_difference(a, b)
             return f"{interval_text(iv, 'accuracy')}, one seed", "one seed"
+        m = re.fullmatch(r"tokens/forward (\w+)@([\d.]+) (seeds? [\d-]+)", rest)
+        if m:  # mean +- sd over the named seeds, on the sweep prompts
+            first, _, last = m[3].split(" ")[1].partition("-")
+            values = [sum(r["sweep"][m[2]]["tokens"]) / sum(r["sweep"][m[2]]["forwards"]) for r in self.grid
+                      if r.get("row") == m[1] and int(first) <= r.get("seed", 0) <= int(last or first)]
+            return f"{mean_sd(values)}, {len(values)} seeds", "measured"
         key, named = rest.split(" ", 1)
         r = next((r for r in self.grid_claims(named) if r["key"] == key), None)
         if r is None:
@@ -154,7 +165,10 @@ class Evidence:
         iv = paired.Interval(r["estimate"], r["lo"], r["hi"], 0, r["df"])
         n = len(r["seeds"])
         metric = "tpf" if "tokens/forward" in r["claim"] else "accuracy"
-        return f"{interval_text(iv, metric)}, {n} seed{'s' if n > 1 else ''}", r["verdict"]
+        text = f"{interval_text(iv, metric)}, {n} seed{'s' if n > 1 else ''}"
+        if r["verdict"] == "not detected":  # what the design could have seen, beside what it did not
+            text += f", smallest detectable {100 * r['mde']:.1f}" if metric == "accuracy" else f", smallest detectable {r['mde']:.2f}"
+        return text, r["verdict"]
 
 
 def tables(text):
@@ -230,13 +244,14 @@ def long_run_problems(text, grid):
     return problems
 
 
-def long_run_sentence_problems(text, evidence):
-    """Every `competent_grid long EA - EB` span in the page's prose, followed by its paired interval."""
+def competent_grid_sentence_problems(text, evidence):
+    """Every `competent_grid ...` span of the page, in prose as in tables (`competent_grid a seeds 1-5`,
+    `competent_grid long E128 - E32`), followed by its paired interval; and the 128-epoch run's highest chunk."""
     chunks = long_chunks(evidence.grid)
     highest = max(chunks, key=lambda e: chunks[e]["all"]["accuracy"]["all"])
     problems = [f"the highest chunk is epoch {highest}, the doc says {e}"
                 for e in re.findall(r"highest chunk, epoch (\d+)", text) if int(e) != highest]
-    for m in re.finditer(r"`(competent_grid long E\d+ - E\d+)`([^`]*)", text):
+    for m in re.finditer(r"`(competent_grid [^`]+)`([^`]*)", text):
         want, _ = evidence(m[1])
         if not " ".join(m[2].split()).startswith(": " + want):
             problems.append(f"`{m[1]}` should be followed by ': {want}', the doc has {m[2][:60]!r}")
@@ -265,6 +280,9 @@ def evidence_problems(rows, evidence):
                 head = re.match(r"\*\*([^*]+)\*\*", verdict_cell)
                 if not head or head[1] != says:
                     problems.append(f"{claim!r}: the verdict cell must open with **{says}**, it reads {verdict_cell[:40]!r}")
+            elif re.match(r"competent_grid (?!long)", spec) and f"**{says}**" not in verdict_cell:
+                problems.append(f"{claim!r}: `{spec}` is {says!r} by the competent grid's rule; the verdict cell must "
+                                f"show **{says}**")
     return problems
 
 
@@ -416,10 +434,12 @@ def test_the_competent_grid_table_matches_the_results(doc, evidence):
 
 
 def test_the_competent_grid_check_sees_a_wrong_cell_and_a_missing_row(doc, evidence):
-    """A changed interval, a verdict word before 5 seeds and a dropped claim row each fail."""
-    row = next(line for line in doc.splitlines() if "`competent_grid a seed" in line)
+    """A changed interval, another verdict word and a dropped claim row each fail."""
+    row = next(line for line in doc.splitlines() if line.startswith("| a: "))
     number = re.search(r"`: (\S+) \[", row)[1]
-    for altered in (row.replace(f"`: {number} [", "`: +9.9 [", 1), row.replace("**interim", "**reproduced** **interim")):
+    verdict = re.search(r"\| \*\*([^*]+)\*\*", row)[1]
+    other = "contradicted" if verdict != "contradicted" else "reproduced"
+    for altered in (row.replace(f"`: {number} [", "`: +9.9 [", 1), row.replace(f"**{verdict}**", f"**{other}**")):
         assert competent_grid_problems(doc.replace(row, altered), evidence), altered
     assert competent_grid_problems(doc.replace(row + "\n", ""), evidence)
 
@@ -446,21 +466,21 @@ def test_the_128_epoch_check_sees_a_wrong_cell_and_a_missing_row(doc, evidence):
     assert long_run_problems(doc.replace(row + "\n", ""), evidence.grid)
 
 
-def test_the_128_epoch_sentences_match_the_results(doc, evidence):
-    problems = long_run_sentence_problems(doc, evidence)
+def test_the_competent_grid_sentences_match_the_results(doc, evidence):
+    problems = competent_grid_sentence_problems(doc, evidence)
     assert not problems, "\n".join(problems)
 
 
-def test_the_128_epoch_sentence_check_sees_a_wrong_interval_and_a_wrong_peak(doc, evidence):
-    """Each interval after a `competent_grid long` span shifted by a point fails, and so does another epoch named
-    as the highest chunk."""
-    spans = re.findall(r"`competent_grid long E\d+ - E\d+`: ([+-]\d+\.\d)", doc)
+def test_the_competent_grid_sentence_check_sees_a_wrong_interval_and_a_wrong_peak(doc, evidence):
+    """Each estimate after a `competent_grid` span shifted by one fails, and so does another epoch named as the
+    128-epoch run's highest chunk."""
+    spans = re.findall(r"`competent_grid [^`]+`: ([+-]\d+\.\d+)", doc)
     peaks = re.findall(r"highest chunk, epoch \d+", doc)
-    assert spans and peaks, "the 128-epoch subsection quotes its chunks' differences and its highest chunk"
+    assert spans and peaks, "the page quotes the competent grid's intervals and the 128-epoch run's highest chunk"
     for value in spans:
-        altered = doc.replace(f": {value} [", f": {float(value) + 1:+.1f} [", 1)
-        assert long_run_sentence_problems(altered, evidence), value
-    assert long_run_sentence_problems(doc.replace(peaks[0], "highest chunk, epoch 1"), evidence)
+        altered = doc.replace(f": {value} [", f": {float(value) + 1:+.2f} [", 1)
+        assert competent_grid_sentence_problems(altered, evidence), value
+    assert competent_grid_sentence_problems(doc.replace(peaks[0], "highest chunk, epoch 1"), evidence)
 
 
 def test_an_altered_number_in_the_doc_fails(doc, evidence):
@@ -497,13 +517,15 @@ def test_no_statement_the_results_do_not_carry(doc):
 
 
 def test_the_readme_science_lines_match_the_results(evidence):
-    """The README's five science lines quote the powered grid's headline claim and the two regimes' AR-SFT
-    against the constant answer, each recomputed here."""
+    """The README's five science lines quote the powered grid's headline claim, the competent grid's claims a and
+    b, and the two regimes' AR-SFT against the constant answer, each recomputed here."""
     readme = open(os.path.join(ROOT, "README.md")).read()
     science = readme[readme.index("## The paper at nano scale"):]
     assert len([line for line in science.strip().splitlines() if line]) <= 6  # the heading and at most 5 lines
-    text, word = evidence("power_grid mars_B4@1 - ar_E@1")
-    assert f"{text}: {word}" in science
+    science = " ".join(science.split())
+    for spec in ("power_grid mars_B4@1 - ar_E@1", "competent_grid a seeds 1-5", "competent_grid b seeds 1-5"):
+        text, word = evidence(spec)
+        assert f"{text}: {word}" in science, f"README should quote {spec} as {text}: {word}"
     power = load("power_grid.jsonl")
     mean = lambda row: statistics.mean(r["ar"]["accuracy"]["all"] for r in power if r["row"] == row)  # noqa: E731
     pilot = {r["name"]: r["ar"]["accuracy"]["all"] for r in load("competent_pilot.jsonl")}
@@ -512,9 +534,14 @@ def test_the_readme_science_lines_match_the_results(evidence):
 
 
 def test_the_competent_grids_measured_cost_matches_its_results():
-    """paper.md's cost sentence quotes seed 1's ar_E and mars_B4 rows of experiments/competent_grid.jsonl."""
-    runs = {r["name"]: r for r in load("competent_grid.jsonl")}
+    """paper.md's cost sentence quotes seed 1's ar_E and mars_B4 rows of experiments/competent_grid.jsonl, every
+    CPU the grid ran on, and the core-hours of all its runs."""
+    grid = load("competent_grid.jsonl")
+    runs = {r["name"]: r for r in grid}
     text = " ".join(open(DOC).read().split())
+    for cpu in {(r["machine"]["cpu_family"], r["machine"]["cpu_model"]) for r in grid}:
+        assert "family {} model {}".format(*cpu) in text, cpu
+    assert f"{sum(r['core_seconds'] for r in grid) / 3600:.1f} core-hours" in text
     for name in ("ar_E/seed1", "mars_B4/seed1"):
         r = runs[name]
         per_step = f"{r['train_core_seconds'] / r['steps']:.2f}"
