@@ -516,6 +516,14 @@ def test_no_statement_the_results_do_not_carry(doc):
         assert phrase not in doc.lower(), phrase
 
 
+def test_the_no_sft_rows_are_below_their_parent_on_every_seed_where_the_page_says_so(doc, evidence):
+    """The competent grid's reading says both no-SFT rows score below their AR-SFT parent on every seed."""
+    assert "below the AR-SFT model they started from on every seed" in " ".join(doc.split())
+    acc = competent_grid.accuracy_table(evidence.grid)
+    for row in ("no_sft_B4", "no_sft_B16"):
+        assert acc[row].keys() == acc["ar_E"].keys() and all(acc[row][s] < acc["ar_E"][s] for s in acc[row]), row
+
+
 def test_the_readme_science_lines_match_the_results(evidence):
     """The README's five science lines quote the powered grid's headline claim, the competent grid's claims a and
     b, and the two regimes' AR-SFT against the constant answer, each recomputed here."""
