@@ -78,6 +78,12 @@ def power_direction(a, b, metric, ta, tb):
     return None
 
 
+def named_seeds(named):
+    """ "seed 1" -> range(1, 2); "seeds 1-5" -> range(1, 6)"""
+    first, _, last = named.split(" ")[1].partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
 class Evidence:
     """Each spec's text, seeds and verdict, from the results files (read once)."""
 
@@ -135,8 +141,7 @@ class Evidence:
     def grid_claims(self, named):
         """competent_grid.report()'s rows on the records of the seeds named ("seed 1", "seeds 1-5") only."""
         if named not in self.claims:  # report() takes seconds, and the page names the same seeds many times
-            first, _, last = named.split(" ")[1].partition("-")
-            seeds = range(int(first), int(last or first) + 1)
+            seeds = named_seeds(named)
             self.claims[named] = competent_grid.report([r for r in self.grid if r.get("seed") in seeds],
                                                        competent_grid.FULL)[0]
         return self.claims[named]
@@ -154,9 +159,8 @@ class Evidence:
             return f"{interval_text(iv, 'accuracy')}, one seed", "one seed"
         m = re.fullmatch(r"tokens/forward (\w+)@([\d.]+) (seeds? [\d-]+)", rest)
         if m:  # mean +- sd over the named seeds, on the sweep prompts
-            first, _, last = m[3].split(" ")[1].partition("-")
             values = [sum(r["sweep"][m[2]]["tokens"]) / sum(r["sweep"][m[2]]["forwards"]) for r in self.grid
-                      if r.get("row") == m[1] and int(first) <= r.get("seed", 0) <= int(last or first)]
+                      if r.get("row") == m[1] and r.get("seed") in named_seeds(m[3])]
             return f"{mean_sd(values)}, {len(values)} seeds", "measured"
         key, named = rest.split(" ", 1)
         r = next((r for r in self.grid_claims(named) if r["key"] == key), None)
