@@ -92,8 +92,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval  # noqa: E402
-from experiments.paper_grid import train  # noqa: E402
-from experiments.power_grid import data_file, decode, provenance, size  # noqa: E402
+from experiments.runs import data_file, decode, provenance, size, train  # noqa: E402
 from experiments.resumable import core_seconds, done, machine, record  # noqa: E402
 from nanomars.batch_decode import batch_ar, batch_decode  # noqa: E402
 from nanomars.masks import causal_mask  # noqa: E402

@@ -64,8 +64,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, power_grid, powered_eval  # noqa: E402
-from experiments.paper_grid import train  # noqa: E402
-from experiments.power_grid import Row, data_file, evaluate_run, provenance, size, training  # noqa: E402
+from experiments.power_grid import evaluate_run  # noqa: E402
+from experiments.runs import Row, data_file, provenance, size, train, training  # noqa: E402
 from experiments.resumable import core_seconds, done, machine, record  # noqa: E402
 from nanomars.util.progress import Progress  # noqa: E402
 

@@ -98,8 +98,6 @@ Protocol (committed before any run of it; nothing here changes after seeing resu
   runners. Every row records its core-seconds and seconds per step.
 """
 import argparse
-import fcntl
-import json
 import os
 import statistics
 import sys
@@ -110,13 +108,11 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from experiments import paired, powered_eval  # noqa: E402
-from experiments.paper_grid import train  # noqa: E402
-from experiments.power_grid import Row, Rows, data_file, decode, provenance, size, training  # noqa: E402
-from experiments.resumable import core_seconds, done, machine, record, weights_digest  # noqa: E402
-from nanomars.batch_decode import batch_ar, batch_decode  # noqa: E402
-from nanomars.compare.block_diffusion import block_diffusion_decode  # noqa: E402
-from nanomars.util.checkpoint import load_model  # noqa: E402
+from experiments import paired, powered_eval, runner  # noqa: E402
+from experiments.claims import difference, paired_rows, seed_count, verdict_row  # noqa: E402
+from experiments.resumable import core_seconds, machine, weights_digest  # noqa: E402
+from experiments.runner import load, recorded  # noqa: E402
+from experiments.runs import Row, data_file, evaluate, provenance, size, train, train_and_evaluate, training  # noqa: E402
 
 TAUS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.5)
 FULL = dict(seeds=(1, 2, 3, 4, 5), N=5000, E=32, model=size(4, 128), batch=32, n_per_family=500,
@@ -170,69 +166,20 @@ def ready(name, finished, cfg):
     return parent is None or f"{parent}/{seed}" in finished
 
 
-# ------------------------------------------------------------------------------------------- evaluation
-def evaluate(path, row, examples, cfg, device):
-    """"all": tau 1 on every prompt (greedy; BD3LM its sampler); "sweep": each tau on the sweep prompts."""
-    model, tok, _, _ = load_model(path, device)
-    n, stop, mask, batch = cfg["max_new_tokens"], tok.stop_ids, tok.mask_id, cfg["decode_batch"]
-    if "bd3lm" in row.flags:  # not an AR model: every point is its own sampler's
-        at = lambda tau: lambda ps: Rows([block_diffusion_decode(model, p, n, mask, row.B, tau, stop) for p in ps])  # noqa: E731
-        scores = {"all": decode(tok, examples, at(1.0), batch)}
-    else:
-        at = lambda tau: lambda ps: batch_decode(model, ps, n, mask, row.B, tau, stop)  # noqa: E731
-        scores = {"all": decode(tok, examples, lambda ps: batch_ar(model, ps, n, stop), batch)}
-    if row.taus:
-        sweep = powered_eval.subset(examples, cfg["sweep_per_family"])
-        scores["sweep"] = {f"{tau:g}": decode(tok, sweep, at(tau), batch) for tau in row.taus}
-    return scores
-
-
 # ------------------------------------------------------------------------------------------------ runner
-def claim_run(out, name):
-    """Takes `name` for this process (a claim file holding its pid); False if a live runner has it."""
-    path = os.path.join(out, "claims", name.replace("/", "__"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    for _ in range(2):
-        try:
-            with open(path, "x") as f:
-                f.write(str(os.getpid()))
-            return True
-        except FileExistsError:
-            try:
-                os.kill(int(open(path).read() or 0), 0)
-                return False  # its runner lives
-            except (OSError, ValueError):
-                os.remove(path)  # a stopped runner's claim
-    return False
-
-
 def run_queue(results, out, cfg, meta, poll=60):
     examples = powered_eval.powered_split(cfg["n_per_family"])
-    names = queue(cfg)
-    while True:
-        finished = done(results)
-        pending = [k for k in names if k not in finished]
-        if not pending:
-            return print(f"competent grid: all {len(names)} runs are in {results}", flush=True)
-        name = next((k for k in pending if ready(k, finished, cfg) and claim_run(out, k)), None)
-        if name is None:
-            time.sleep(poll)  # what is left waits for another runner's parent
-            continue
-        print(f"competent grid: {name} ({len(finished)} of {len(names)} done)", flush=True)
-        try:
-            c0, t0 = core_seconds(), time.time()
-            row = run_long(results, name, out, cfg, meta, examples) if name.startswith("long/") else \
-                run_row(results, name, out, cfg, meta, examples)
-            record(results, {"name": name, **row, **meta, "core_seconds": core_seconds() - c0,
-                             "wall_seconds": time.time() - t0})
-        finally:
-            os.remove(os.path.join(out, "claims", name.replace("/", "__")))
+    def run(name):
+        return run_long(results, name, out, cfg, meta, examples) if name.startswith("long/") else \
+            run_row(results, name, out, cfg, meta, examples)
+    runner.run_queue(results, out, queue(cfg), lambda name, finished: ready(name, finished, cfg), run, meta,
+                     "competent grid", poll)
 
 
 def run_row(results, name, out, cfg, meta, examples):
     row_name, seed = name.split("/")
     s = int(seed[4:])
-    data = seed_data(out, s, cfg["N"])
+    data = data_file(out, s, cfg["N"])
     base = {"row": row_name, "seed": s, "n_train": cfg["N"]}
     if row_name == "constant":
         return {**base, "all": powered_eval.constant_baseline(training(data), examples)}
@@ -242,65 +189,25 @@ def run_row(results, name, out, cfg, meta, examples):
         path, digest = parent_weights(results, s, out, cfg, meta)
         init, base["parent_digest"] = ["--init_from", path], digest
     run_dir = os.path.join(out, seed, row_name)
-    fields = train_and_evaluate(run_dir, row, [*init, "--data", data, *row.flags], s, cfg, meta, examples)
+    fields = train_and_evaluate(run_dir, row, [*init, "--data", data, *row.flags], s, cfg, meta, examples,
+                                max(1, cfg["N"] // cfg["batch"]))
     return {**base, "model": cfg["model"], "flags": row.flags, "block_size": row.B, **fields}
-
-
-def train_and_evaluate(run_dir, row, flags, seed, cfg, meta, examples):
-    os.makedirs(run_dir, exist_ok=True)
-    c0, t0 = core_seconds(), time.time()
-    curve, step_s = train(row.stage, run_dir, flags, seed, {**cfg, "model": [*cfg["model"], "--device", meta["device"]]},
-                          max(1, cfg["N"] // cfg["batch"]))
-    c1, t1 = core_seconds(), time.time()
-    path = os.path.join(run_dir, f"{row.stage}.pt")
-    scores = evaluate(path, row, examples, cfg, meta["device"])
-    return {"steps": curve[-1][0], "step_seconds": statistics.median(step_s), "train_seconds": t1 - t0,
-            "train_core_seconds": c1 - c0, "eval_seconds": time.time() - t1, "held_out_loss": curve,
-            "digest": weights_digest(path), **scores}
-
-
-class Locked:
-    """An exclusive lock on a file, so two runners never retrain the same parent at once."""
-    def __init__(self, path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.f = open(path, "a")
-
-    def __enter__(self):
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
-
-
-def seed_data(out, seed, n):
-    """power_grid.data_file, one runner at a time (each writes the file once per machine)."""
-    with Locked(os.path.join(out, f"seed{seed}.lock")):
-        return data_file(out, seed, n)
-
-
-def recorded(results, name):
-    with open(results) as f:
-        return next(json.loads(line) for line in f if line.strip() and json.loads(line)["name"] == name)
 
 
 def parent_weights(results, seed, out, cfg, meta):
     """(path, digest) of seed's ar_E weights, retrained where this machine lacks them; exits if they differ from
     the recorded ones (the protocol: the seed restarts)."""
-    want = recorded(results, f"ar_E/seed{seed}")["digest"]
     run_dir = os.path.join(out, f"seed{seed}", "ar_E")
-    path = os.path.join(run_dir, "ar.pt")
-    with Locked(run_dir + ".lock"):
-        if not (os.path.exists(path) and weights_digest(path) == want):  # missing, or a retraining cut short
-            print(f"competent grid: retraining ar_E/seed{seed} (this machine lacks it)", flush=True)
-            train("ar", run_dir, ["--data", seed_data(out, seed, cfg["N"]), *grid_rows(cfg)["ar_E"].flags], seed,
-                  {**cfg, "model": [*cfg["model"], "--device", meta["device"]]}, 10**9)
-    got = weights_digest(path)
-    if got != want:
-        sys.exit(f"error: ar_E/seed{seed} on this machine has weights {got}, the recorded run {want}: its stage-2 "
-                 f"rows cannot be paired. By the protocol the seed restarts: python experiments/competent_grid.py "
-                 f"--restart_seed {seed}, then run again")
-    return path, got
+    retrain = lambda: train("ar", run_dir, ["--data", data_file(out, seed, cfg["N"]), *grid_rows(cfg)["ar_E"].flags],  # noqa: E731
+                            seed, {**cfg, "model": [*cfg["model"], "--device", meta["device"]]}, 10**9)
+    return runner.parent_weights(results, f"ar_E/seed{seed}", os.path.join(run_dir, "ar.pt"), retrain,
+                                 f"By the protocol the seed restarts: python experiments/competent_grid.py "
+                                 f"--restart_seed {seed}, then run again")
+
+
+def restart_seed(results, seed):
+    """The protocol's way out when a seed's ar_E cannot be reproduced (the 128-epoch chunks stay)."""
+    runner.restart_seed(results, seed, keep_row=lambda row: row == "long")
 
 
 def run_long(results, name, out, cfg, meta, examples):
@@ -308,7 +215,7 @@ def run_long(results, name, out, cfg, meta, examples):
     from scratch where this machine lacks it, checked against its recorded digest), then evaluate."""
     total, every = cfg["long"]
     epochs, per_epoch = int(name[6:]), cfg["N"] // cfg["batch"]
-    run_dir, data = os.path.join(out, "long"), seed_data(out, 0, cfg["N"])
+    run_dir, data = os.path.join(out, "long"), data_file(out, 0, cfg["N"])
     model = {**cfg, "model": [*cfg["model"], "--device", meta["device"]]}
     flags = ["--data", data, "--epochs", str(total)]
     path = os.path.join(run_dir, "ar.pt")
@@ -329,20 +236,6 @@ def run_long(results, name, out, cfg, meta, examples):
     return {"row": "long", "seed": 0, "epochs": epochs, "schedule_epochs": total, "model": cfg["model"],
             "steps": curve[-1][0], "step_seconds": statistics.median(step_s), "train_core_seconds": c1 - c0,
             "eval_seconds": time.time() - t1, "held_out_loss": curve, "digest": weights_digest(path), **scores}
-
-
-def restart_seed(results, seed):
-    """The protocol's way out when a seed's ar_E cannot be reproduced: its rows move to the superseded file."""
-    with open(results) as f:
-        lines = [line for line in f if line.strip()]
-    keep = [line for line in lines if json.loads(line).get("seed") != seed or json.loads(line)["row"] == "long"]
-    gone = [line for line in lines if line not in keep]
-    with open(results.replace(".jsonl", "_superseded.jsonl"), "a") as f:
-        f.writelines(gone)
-    with open(results + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(results + ".tmp", results)
-    print(f"seed {seed}: {len(gone)} rows moved to {results.replace('.jsonl', '_superseded.jsonl')}")
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -371,57 +264,6 @@ CLAIMS = [
 CONTRAST = ("no_sft_B16", "no_sft_B4", "mars_B16", "mars_B4")  # claim c: (a - b) - (c - d), paper about -5.5
 
 
-def paired_rows(results):
-    """The grid's records the report may use: stage-2 rows whose parent digest is their seed's ar_E digest;
-    and the names of those left out."""
-    ar_e = {r["seed"]: r["digest"] for r in results if r.get("row") == "ar_E"}
-    keep = [r for r in results if "parent_digest" not in r or r["parent_digest"] == ar_e.get(r["seed"])]
-    return keep, [r["name"] for r in results if r not in keep]
-
-
-def side(run, tau, sweep_idx, on_sweep, kept):
-    """A row's (right, tokens, forwards) per prompt at tau, on the compared prompts."""
-    e = run["all"] if tau == "1" else run["sweep"][tau]
-    pick = sweep_idx if (on_sweep and tau == "1") else slice(None)
-    per = lambda key: np.asarray([int(c) for c in e["right"]] if key == "right" else e[key], dtype=float)[pick]  # noqa: E731
-    return [per(key)[kept] if key == "right" or key in e else None for key in ("right", "tokens", "forwards")]
-
-
-def difference(results, a, b, metric, tau_a, tau_b, cfg, family=None):
-    """The paired difference a - b over the seeds both rows have: (paired.Interval, seeds) or None. On the sweep
-    prompts if either side is a sweep, else on all prompts; one family's prompts if given."""
-    runs = {(r["row"], r["seed"]): r for r in results if "seed" in r}
-    def has(row, s, tau):
-        run = runs.get((row, s), {})
-        return "all" in run if tau == "1" else tau in run.get("sweep", {})
-    seeds = sorted(s for (row, s) in runs if row == a and s > 0 and has(a, s, tau_a) and has(b, s, tau_b))
-    if not seeds:
-        return None
-    examples = powered_eval.powered_split(cfg["n_per_family"])
-    sweep_idx = list(powered_eval.subset_indices(examples, cfg["sweep_per_family"]))
-    on_sweep = tau_a != "1" or tau_b != "1"
-    prompts = sweep_idx if on_sweep else range(len(examples))
-    kept = np.array([family in (None, examples[i]["family"]) for i in prompts])
-    A, B = ([side(runs[row, s], tau, sweep_idx, on_sweep, kept) for s in seeds] for row, tau in ((a, tau_a), (b, tau_b)))
-    stack = lambda parts, k: np.stack([p[k] for p in parts])  # noqa: E731
-    if metric == "accuracy":
-        return paired.accuracy_difference(stack(A, 0), stack(B, 0)), seeds
-    return paired.ratio_difference(stack(A, 1), stack(A, 2), stack(B, 1), stack(B, 2)), seeds
-
-
-def seed_count(n):
-    return f"{n} seed{'s' if n > 1 else ''}"
-
-
-def judge(iv, seeds, direction, cfg):
-    """The protocol's word for an interval (only with every seed of the protocol)."""
-    if len(seeds) < len(cfg["seeds"]):
-        return f"interim ({seed_count(len(seeds))}): no verdict"
-    if direction is None:
-        return "detected above 0" if iv.lo > 0 else "detected below 0" if iv.hi < 0 else "not detected"
-    return paired.verdict(iv.lo, iv.hi, direction, FLAT)
-
-
 def report(results, cfg):
     """Every claim: {"key", "claim", "estimate", "lo", "hi", "seeds", "df", "method", "mde", "verdict"}."""
     results, unpaired = paired_rows([r for r in results if r.get("row") != "long"])
@@ -431,7 +273,7 @@ def report(results, cfg):
             continue  # (--quick sweeps fewer taus)
         got = difference(results, a, b, metric, tau_a, tau_b, cfg, *family)
         if got:
-            out.append(verdict_row(key, text, *got, direction, cfg))
+            out.append(verdict_row(key, text, *got, direction, cfg, FLAT))
     runs = {(r["row"], r["seed"]): r for r in results if "seed" in r}
     seeds = sorted(s for s in cfg["seeds"] if all((row, s) in runs for row in CONTRAST))
     if seeds:
@@ -439,13 +281,8 @@ def report(results, cfg):
                  for row in CONTRAST]
         iv = paired.interval((right[0] - right[1]) - (right[2] - right[3]))
         out.insert(4, verdict_row("c", "the clean-loss contrast (no-SFT B16 - B4) - (MARS B16 - B4) (paper about "
-                                  "-5.5, Table 3)", iv, seeds, -1, cfg))
+                                  "-5.5, Table 3)", iv, seeds, -1, cfg, FLAT))
     return out, unpaired
-
-
-def verdict_row(key, text, iv, seeds, direction, cfg):
-    return {"key": key, "claim": text, "estimate": iv.estimate, "lo": iv.lo, "hi": iv.hi, "seeds": seeds,
-            "df": iv.df, "method": iv.method, "mde": paired.mde(iv), "verdict": judge(iv, seeds, direction, cfg)}
 
 
 def accuracy_table(results):
@@ -480,13 +317,6 @@ def print_report(results, cfg):
               f"{r['all']['accuracy']['all']:.3f}, held-out loss {r['held_out_loss'][-1][1]['ar']:.3f}")
     if unpaired:
         print("left out (parent digest is not the seed's ar_E): " + ", ".join(unpaired))
-
-
-def load(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def main():

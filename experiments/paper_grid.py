@@ -46,9 +46,7 @@ Protocol (written before the first full run; nothing below was changed after see
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 
@@ -57,6 +55,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments.resumable import done, record  # noqa: E402
+from experiments.runs import train  # noqa: E402
 from nanomars.batch_decode import batch_ar, batch_decode, batch_jacobi  # noqa: E402
 from nanomars.compare.block_diffusion import block_diffusion_decode  # noqa: E402
 from nanomars.util.checkpoint import load_model  # noqa: E402
@@ -93,21 +92,6 @@ def grid_rows(N, E, blocks, endless_n, endless_steps):
     rows["endless_ar_2x"] = ("ar", None, steps(2 * endless_steps), None)
     rows["endless_mars_B4"] = ("mars", "endless_ar", steps(endless_steps) + stage2(4, "--no-random_offsets"), 4)
     return rows
-
-
-def train(stage, out_dir, flags, seed, cfg, interval):
-    """Runs train.py; returns its held-out loss curve [(step, {name: loss})] and its logged seconds per step
-    (each a running mean since the first step)."""
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--stage", stage, "--out_dir", out_dir, "--seed", str(seed),
-           "--eval_interval", str(interval), "--batch_size", str(cfg["batch"]), "--device", "cpu", *cfg["model"], *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    with open(os.path.join(out_dir, f"{stage}.log"), "w") as f:
-        f.write(proc.stdout + proc.stderr)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    curve = [(int(m[1]), {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+)", m[2])})
-             for m in re.finditer(r"^eval +(\d+) \| held-out (.*)$", proc.stdout, re.M)]
-    return curve, [float(s) for s in re.findall(r"\| ([\d.]+) s/step", proc.stdout)]
 
 
 def decode_and_score(tok, examples, decode, batch=50):

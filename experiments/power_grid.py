@@ -108,10 +108,8 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -119,18 +117,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval  # noqa: E402
-from experiments.paper_grid import train  # noqa: E402
 from experiments.resumable import done, record  # noqa: E402
+from experiments.runs import Row, Rows, data_file, decode, provenance, size, train, training  # noqa: E402
 from nanomars.batch_decode import batch_ar, batch_decode  # noqa: E402
 from nanomars.compare.block_diffusion import block_diffusion_decode  # noqa: E402
 from nanomars.util.checkpoint import load_model  # noqa: E402
 from nanomars.util.progress import Progress  # noqa: E402
-from nanomars.util.tasks import prompt_messages, write_jsonl  # noqa: E402
-
-
-def size(layers, width):
-    return ["--n_layer", str(layers), "--n_embd", str(width), "--n_head", "4", "--n_kv_head", "2",
-            "--intermediate_size", str(width * 11 // 4)]
 
 
 TAUS = (0.95, 0.9, 0.8, 0.7, 0.5)
@@ -146,15 +138,6 @@ QUICK_CANDIDATES = {"A": dict(model=QUICK["endless_model"], N=64, E=1), "B": dic
 SIZES = {"4x128": size(4, 128), "6x256": size(6, 256), "8x256": size(8, 256)}  # --timing
 GRID_COST = 1 + 2 + 9 * 2.3  # runs of an AR-SFT E, per seed (protocol: budget)
 LEARNS, REASONING = 0.25, ("arithmetic", "worked_arithmetic")
-
-
-class Row(NamedTuple):
-    stage: str  # "ar" or "mars" (train.py's --stage)
-    parent: str | None  # the run it starts from
-    flags: list  # train.py flags, less --data
-    B: int | None  # the decoding block size (None: an AR model)
-    taus: tuple = ()  # the sweep (on the sweep prompts)
-    adaptive: bool = False  # also decode with the adaptive window at those taus
 
 
 def grid_rows(N, E, cfg):
@@ -183,59 +166,7 @@ def stage2(B, *flags):
 
 
 # ------------------------------------------------------------------------------------------ bookkeeping
-def provenance(threads, device):
-    """What can change a run's numbers besides its seed (float reduction order: threads, device, torch)."""
-    def git(*cmd):
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True)
-    head = git("rev-parse", "HEAD")
-    commit = head.stdout.strip() if head.returncode == 0 else None
-    if commit and git("diff", "--quiet", "HEAD", "--", "*.py").returncode:
-        commit += "+edited"  # tracked code differs from the commit
-    return {"torch": torch.__version__, "threads": threads, "device": device, "commit": commit}
-
-
-def data_file(out, seed, n):
-    """The seed's training set of n examples (+2% that train.py holds out), written once."""
-    total = n
-    while total - max(1, total // 50) < n:
-        total += 1
-    path = os.path.join(out, f"seed{seed}", f"train_{n}.jsonl")
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        exclude = {ex["messages"][0]["content"] for ex in powered_eval.powered_split()}  # the full split, always
-        write_jsonl(path + ".tmp", powered_eval.train_set(total, seed, exclude))
-        os.replace(path + ".tmp", path)
-    return path
-
-
-def training(path):
-    """The examples of a training file (train.py trains on 98% of them: the constant baseline, which only
-    counts answers, reads them all)."""
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
 # ------------------------------------------------------------------------------------------- evaluation
-def decode(tok, examples, how, batch):
-    """how(list of prompt ids) -> an object with .rows (each .tokens, .forwards) and maybe .windows."""
-    responses, tokens, forwards, windows = [], [], [], []
-    for i in range(0, len(examples), batch):
-        out = how([tok.prompt_ids(prompt_messages(ex)) for ex in examples[i:i + batch]])
-        for row in out.rows:
-            responses.append(tok.decode([t for t in row.tokens if t not in tok.stop_ids]))
-            tokens.append(len(row.tokens))
-            forwards.append(row.forwards)
-        windows += [w for row in (getattr(out, "windows", None) or []) for w in row]
-    scored = powered_eval.outcomes(examples, responses, tokens, forwards)
-    if windows:
-        scored["window"] = sum(windows) / len(windows)  # proposals per forward: the compute a forward spends
-    return scored
-
-
-class Rows(NamedTuple):  # block_diffusion_decode decodes one prompt at a time
-    rows: list
-
-
 def evaluate_run(path, row, examples, cfg, device):
     model, tok, _, _ = load_model(path, device)
     n, stop, mask, batch = cfg["max_new_tokens"], tok.stop_ids, tok.mask_id, cfg["decode_batch"]
