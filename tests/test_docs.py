@@ -28,7 +28,6 @@ EXTENSIONS = {"py", "md", "jsonl", "json", "ipynb", "sh", "txt", "png", "pt", "s
 EXTERNAL = re.compile(r"\b(torchrun|pytest|pip|git|jupyter|nbconvert|huggingface-cli|hf)\b")
 WRITTEN_WHEN_NEEDED = {"experiments/competent_grid_superseded.jsonl",  # a runner writes these only to set rows aside
                        "experiments/sft_on_pretrained_superseded.jsonl",
-                       "experiments/sft_on_pretrained_pilot.jsonl",  # written by the pilot's first run
                        "experiments/sft_on_pretrained.jsonl"}  # written once the pilot has chosen a setting
 
 
