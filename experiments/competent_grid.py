@@ -96,6 +96,10 @@ Protocol (committed before any run of it; nothing here changes after seeing resu
   ~40, each of the six stage-2 rows ~45-60 min, evaluation ~2 min a row and ~20 for BD3LM's sampler: about 6
   core-hours a seed, ~30 for the grid, plus ~1.5 for the 128-epoch measurement: about 16 hours with two
   runners. Every row records its core-seconds and seconds per step.
+
+Added after the grid (nothing above changes, no verdict changes): d_ar, BD3LM B 4 - AR-SFT E, the paper's other
+BD3LM comparison, as a measurement (its words "detected above/below 0" or "not detected"); and beside every
+claim's word its reading (experiments/claims.reading: where 0 and the paper's figure lie against the interval).
 """
 import argparse
 import os
