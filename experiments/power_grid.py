@@ -360,6 +360,7 @@ BY_DESIGN = {("ar_2E", "ar_E")}
 # - the clean loss's effect on B as one contrast: (no-SFT B16 - B4) - (MARS B16 - B4), per seed and prompt, tau 1
 #   (the paper's 0.5B ablation: -6.2 without the clean loss, flat, within 0.7, with it: about -5.5)
 INTERACTION = ("no_sft_B16", "no_sft_B4", "mars_B16", "mars_B4")
+INTERACTION_CLAIM = "the clean loss keeps B flat, one contrast (paper about -5.5)"
 
 
 def trained_steps(results, cfg):
@@ -436,8 +437,8 @@ def report(results, cfg):
     if seeds:
         n16, n4, m16, m4 = (right[row] for row in INTERACTION)
         iv = paired.interval((n16 - n4) - (m16 - m4))
-        text = "the clean loss keeps B flat, one contrast (paper about -5.5)"
-        print(f"{text}: (no_sft_B16 - no_sft_B4) - (mars_B16 - mars_B4) accuracy, tau 1 {describe(iv, seeds, -1, text)}")
+        print(f"{INTERACTION_CLAIM}: (no_sft_B16 - no_sft_B4) - (mars_B16 - mars_B4) accuracy, tau 1 "
+              f"{describe(iv, seeds, -1, INTERACTION_CLAIM)}")
     blocks = [B for B in cfg["blocks"] if any(r["row"] == f"mars_B{B}" for r in results)]
     if len(blocks) < 2:
         return
