@@ -125,7 +125,9 @@ def reading(lo, hi, direction, paper=None, flat=None):
         return f"{change} is detected, 0 {zero} the interval" + (f"; {size(lo, hi, paper)}" if paper else "")
     if (zero == "below") != (direction > 0):
         return f"{change}, against the paper's direction" + (f"; {its} is excluded" if paper else "")
-    return "in direction" + (" and size" if fig in ("inside", "across an end") else " only") * bool(paper) + compared
+    if not paper:
+        return "in the paper's direction"
+    return f"in direction {'and size' if fig in ('inside', 'across an end') else 'only'}{compared}"
 
 
 def verdict_row(key, text, iv, seeds, direction, cfg, flat=None, scale=100):

@@ -113,6 +113,7 @@ def test_the_reading_says_where_0_and_the_papers_figure_lie():
              ((-0.5, 0.4, 0, flat), "flat: the interval lies inside +-1.7; the paper's -0.7 below it"),
              ((-2.0, 0.4, 0, flat), "0 and the paper's -0.7 both inside; the interval reaches past +-1.7"),
              ((2.5, 3.8, None, (-5.9, -5.9, "-5.9")), "a rise is detected, 0 below the interval; the paper's -5.9 below it"),
+             ((0.5, 2.0, +1, None), "in the paper's direction"),
              ((-0.1, 0.08, None, None), "0 inside")]
     for (lo, hi, direction, paper), want in cases:
         assert reading(lo, hi, direction, paper, 1.7 if direction == 0 else None) == want, (lo, hi, direction)
