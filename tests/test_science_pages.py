@@ -693,3 +693,9 @@ def test_most_competent_claims_have_4_degrees_of_freedom(doc, evidence):
     assert "for most claims its t has 4 degrees of freedom" in " ".join(doc.split())
     dfs = [round(r["df"]) for r in evidence.grid_claims("competent_grid", "seeds 1-5")]
     assert dfs.count(4) > len(dfs) / 2, dfs
+
+
+def test_the_note_under_what_holds_now_quotes_bs_reading(doc, evidence):
+    """The note under the table reads claim b without its span: the words must be b's reading."""
+    reads = evidence("competent_grid b seeds 1-5")[2]
+    assert f"32 more of AR-SFT ({reads})" in " ".join(sections(doc)["What holds now"].split()), reads
