@@ -92,6 +92,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval  # noqa: E402
+from experiments.claims import reading  # noqa: E402
 from experiments.runs import data_file, decode, provenance, size, train  # noqa: E402
 from experiments.resumable import core_seconds, done, machine, record  # noqa: E402
 from nanomars.batch_decode import batch_ar, batch_decode  # noqa: E402
@@ -377,7 +378,7 @@ def decide(results, n_seeds=3, tau=DECIDE_TAU):
 
 def report(results, cfg):
     runs = index(results)
-    fmt = lambda iv: f"{iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}]"  # noqa: E731
+    fmt = lambda iv: f"{iv.estimate:+.3f} [{iv.lo:+.3f}, {iv.hi:+.3f}] ({reading(iv.lo, iv.hi, None)})"  # noqa: E731
     for cond in DATA_ORDER:
         for a, b in (("mars_B8", "mars_B4"), ("mars_B16", "mars_B4")):
             for tau in map(lambda t: f"{t:g}", cfg["taus"]):

@@ -1,8 +1,11 @@
 """
 A grid's claims read off its results file: the paired difference of two rows over the seeds both have and the
-prompts of the powered split (paired.py's interval), and the protocol's word for it. A stage-2 row counts only
-if it started from its seed's parent (paired_rows); verdicts need every seed of the protocol.
+prompts of the powered split (paired.py's interval), the protocol's word for it, and its reading: where 0 and the
+paper's figure lie against the interval (reading; every grid's report and the science pages use this one). A stage-2
+row counts only if it started from its seed's parent (paired_rows); verdicts need every seed of the protocol.
 """
+import re
+
 import numpy as np
 
 from experiments import paired, powered_eval
@@ -61,6 +64,86 @@ def judge(iv, seeds, direction, cfg, flat):
     return paired.verdict(iv.lo, iv.hi, direction, flat)
 
 
-def verdict_row(key, text, iv, seeds, direction, cfg, flat=None):
+# "(paper +1.7", "(paper about -5.5)", "(paper -1.1..-1.6"; else a benchmark's before -> after ("BBH 26.3 -> 7.5")
+PAPER = re.compile(r"paper (?:about )?([+-]\d+\.\d+)(?:\.\.([+-]\d+\.\d+))?")
+BEFORE_AFTER = re.compile(r"(\w+) (\d+\.\d+) -> (\d+\.\d+)")
+
+
+def paper_figure(text):
+    """The paper's figure a claim's text quotes, in its units (accuracy in points): (low, high, as the page writes
+    it), a single figure with low == high; None where the text quotes none ("no sourced paper figure")."""
+    m = PAPER.search(text)
+    if m:
+        lo, hi = sorted((float(m[1]), float(m[2] or m[1])))
+        return lo, hi, f"{m[1]} to {m[2]}" if m[2] else m[1]
+    m = BEFORE_AFTER.search(text)
+    if m:
+        fall = float(m[3]) - float(m[2])
+        return fall, fall, f"{fall:+.1f} on {m[1]}"
+    return None
+
+
+def where(lo, hi, a, b):
+    """Where the values a..b lie against the interval [lo, hi]: "below", "above", "inside" or "across an end"."""
+    return "below" if b < lo else "above" if a > hi else "inside" if lo <= a and b <= hi else "across an end"
+
+
+def size(lo, hi, paper):
+    """An interval that excludes 0 against the paper's figure: "larger/smaller than the paper's X" where the figure
+    has the interval's sign, else where the figure lies."""
+    fig, its = where(lo, hi, paper[0], paper[1]), f"the paper's {paper[2]}"
+    if fig in ("inside", "across an end"):
+        return f"{its} {'inside' if fig == 'inside' else 'across an end of'} the interval"
+    if (paper[0] > 0) != (lo > 0):
+        return f"{its} {fig} it"
+    return f"{'larger' if (fig == 'below') == (lo > 0) else 'smaller'} than {its}"
+
+
+def reading(lo, hi, direction, paper=None, flat=None):
+    """What an interval shows beside its rule's word, in the paper's units (lo, hi, paper and flat all in points
+    for accuracy): where 0 lies, where the paper's figure (paper_figure()) lies, and for a claim with a direction
+    whether the size matches; for the flat claim (direction 0, band +-flat) whether a fall or a rise is detected;
+    for a measurement (direction None) where 0 lies."""
+    zero = where(lo, hi, 0, 0)
+    fig, its = (where(lo, hi, paper[0], paper[1]), f"the paper's {paper[2]}") if paper else (None, None)
+    if direction == 0 and -flat < lo and hi < flat:  # the flat rule's "reproduced", whatever side 0 is on
+        return f"flat: the interval lies inside +-{flat:g}" + (f", 0 {zero} it" if zero != "inside" else "") + \
+            (f"; {its} {fig} it" if paper else "")
+    if zero == "inside":
+        band = f"; the interval reaches past +-{flat:g}" if direction == 0 else ""
+        if not paper:
+            return f"0 inside{band}"
+        if fig == "inside":
+            return f"0 and {its} both inside{band}"
+        return f"0 inside{band}; {its} " + ("is excluded" if fig in ("below", "above") else "across an end of it")
+    change = "a fall" if zero == "above" else "a rise"
+    compared = f", {size(lo, hi, paper)}" if paper else ""
+    if direction == 0:
+        beyond = f" beyond +-{flat:g}" if lo >= flat or hi <= -flat else ""
+        return f"not flat: {change}{beyond} is detected{compared}"
+    if direction is None:
+        return f"{change} is detected, 0 {zero} the interval" + (f"; {size(lo, hi, paper)}" if paper else "")
+    if (zero == "below") != (direction > 0):
+        return f"{change}, against the paper's direction" + (f"; {its} is excluded" if paper else "")
+    if not paper:
+        return "in the paper's direction"
+    return f"in direction {'and size' if fig in ('inside', 'across an end') else 'only'}{compared}"
+
+
+def verdict_row(key, text, iv, seeds, direction, cfg, flat=None, scale=100):
+    """A claim's report line as a dict; scale: the paper's units per unit of the metric (100: accuracy in points,
+    1: tokens/forward)."""
     return {"key": key, "claim": text, "estimate": iv.estimate, "lo": iv.lo, "hi": iv.hi, "seeds": seeds,
-            "df": iv.df, "method": iv.method, "mde": paired.mde(iv), "verdict": judge(iv, seeds, direction, cfg, flat)}
+            "df": iv.df, "method": iv.method, "mde": paired.mde(iv), "verdict": judge(iv, seeds, direction, cfg, flat),
+            "reading": reading(scale * iv.lo, scale * iv.hi, direction, paper_figure(text), flat and scale * flat)}
+
+
+def line(r):
+    """A report() row as --report prints it: the interval (accuracy in points), the rule's word and the reading."""
+    pts = 1 if "tokens/forward" in r["claim"] else 100
+    unit = "" if pts == 1 else " points"
+    method = ", seed-clustered" if r["method"] != "random effects" else ""
+    detectable = f", smallest detectable {pts * r['mde']:.2f}" if r["verdict"] == "not detected" else ""
+    return (f"{r['key']:<8} {r['claim']}: {pts * r['estimate']:+.2f} [{pts * r['lo']:+.2f}, {pts * r['hi']:+.2f}]"
+            f"{unit} ({seed_count(len(r['seeds']))}, t({r['df']:.0f}){method}): {r['verdict']} ({r['reading']})"
+            f"{detectable}")

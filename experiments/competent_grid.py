@@ -96,6 +96,10 @@ Protocol (committed before any run of it; nothing here changes after seeing resu
   ~40, each of the six stage-2 rows ~45-60 min, evaluation ~2 min a row and ~20 for BD3LM's sampler: about 6
   core-hours a seed, ~30 for the grid, plus ~1.5 for the 128-epoch measurement: about 16 hours with two
   runners. Every row records its core-seconds and seconds per step.
+
+Added after the grid (nothing above changes, no verdict changes): d_ar, BD3LM B 4 - AR-SFT E, the paper's other
+BD3LM comparison, as a measurement (its words "detected above/below 0" or "not detected"); and beside every
+claim's word its reading (experiments/claims.reading: where 0 and the paper's figure lie against the interval).
 """
 import argparse
 import os
@@ -109,7 +113,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval, runner  # noqa: E402
-from experiments.claims import difference, paired_rows, seed_count, verdict_row  # noqa: E402
+from experiments.claims import difference, line, paired_rows, verdict_row  # noqa: E402
 from experiments.resumable import core_seconds, machine, weights_digest  # noqa: E402
 from experiments.runner import load, recorded  # noqa: E402
 from experiments.runs import Row, data_file, evaluate, provenance, size, train, train_and_evaluate, training  # noqa: E402
@@ -252,6 +256,9 @@ CLAIMS = [
      "1", -1),
     ("d_arith", "BD3LM B 4 - MARS B 4, arithmetic only (paper: reasoning collapses, BBH 26.3 -> 7.5)", "bd3lm_B4",
      "mars_B4", "accuracy", "1", "1", -1, "arithmetic"),
+    # added after the grid (so a measurement, no verdict): the paper's BD3LM comparison is against AR-SFT E as well
+    ("d_ar", "BD3LM B 4 - AR-SFT E (paper -5.9: 22.8 against 28.7, Table 2; not in the protocol: a measurement)",
+     "bd3lm_B4", "ar_E", "accuracy", "1", "1", None),
     ("e", "MARS B 4 tau 0.95 - tau 1 (paper -1.1..-1.6, Table 4)", "mars_B4", "mars_B4", "accuracy", "0.95", "1", -1),
     ("f95", "tokens/forward MARS B 16 - B 4 at tau 0.95", "mars_B16", "mars_B4", "tokens_per_forward", "0.95",
      "0.95", None),
@@ -265,7 +272,8 @@ CONTRAST = ("no_sft_B16", "no_sft_B4", "mars_B16", "mars_B4")  # claim c: (a - b
 
 
 def report(results, cfg):
-    """Every claim: {"key", "claim", "estimate", "lo", "hi", "seeds", "df", "method", "mde", "verdict"}."""
+    """Every claim: {"key", "claim", "estimate", "lo", "hi", "seeds", "df", "method", "mde", "verdict", "reading"}
+    (claims.verdict_row), and the names of the rows left out (unpaired)."""
     results, unpaired = paired_rows([r for r in results if r.get("row") != "long"])
     out, swept = [], {"1", *(f"{t:g}" for t in cfg["taus"])}
     for key, text, a, b, metric, tau_a, tau_b, direction, *family in CLAIMS:
@@ -273,7 +281,7 @@ def report(results, cfg):
             continue  # (--quick sweeps fewer taus)
         got = difference(results, a, b, metric, tau_a, tau_b, cfg, *family)
         if got:
-            out.append(verdict_row(key, text, *got, direction, cfg, FLAT))
+            out.append(verdict_row(key, text, *got, direction, cfg, FLAT, 100 if metric == "accuracy" else 1))
     runs = {(r["row"], r["seed"]): r for r in results if "seed" in r}
     seeds = sorted(s for s in cfg["seeds"] if all((row, s) in runs for row in CONTRAST))
     if seeds:
@@ -300,13 +308,7 @@ def print_report(results, cfg):
     for row, per_seed in accuracy_table(results).items():
         print(f"  {row:<11} " + "  ".join(f"s{s} {v:.3f}" for s, v in per_seed.items()))
     for r in rows:
-        pts = 1 if "tokens/forward" in r["claim"] else 100
-        unit = "" if pts == 1 else " points"
-        seeds = seed_count(len(r["seeds"]))
-        print(f"{r['key']:<8} {r['claim']}: {pts * r['estimate']:+.2f} [{pts * r['lo']:+.2f}, {pts * r['hi']:+.2f}]"
-              f"{unit} ({seeds}, t({r['df']:.0f}){', seed-clustered' if r['method'] != 'random effects' else ''}"
-              f"): {r['verdict']}" + (f", smallest detectable {pts * r['mde']:.2f}" if r["verdict"] == "not detected"
-                                      else ""))
+        print(line(r))
     tpf = [sum(r["sweep"]["0.95"]["tokens"]) / sum(r["sweep"]["0.95"]["forwards"]) for r in results
            if r.get("row") == "mars_B4" and "0.95" in r.get("sweep", {})]
     if tpf:

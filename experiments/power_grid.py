@@ -106,7 +106,6 @@ Changed after the grid ran (the protocol above is as it was committed, and no ve
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -117,6 +116,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval  # noqa: E402
+from experiments.claims import paper_figure, reading  # noqa: E402
 from experiments.resumable import done, record  # noqa: E402
 from experiments.runs import Row, Rows, data_file, decode, provenance, size, train, training  # noqa: E402
 from nanomars.batch_decode import batch_ar, batch_decode  # noqa: E402
@@ -360,7 +360,7 @@ BY_DESIGN = {("ar_2E", "ar_E")}
 # - the clean loss's effect on B as one contrast: (no-SFT B16 - B4) - (MARS B16 - B4), per seed and prompt, tau 1
 #   (the paper's 0.5B ablation: -6.2 without the clean loss, flat, within 0.7, with it: about -5.5)
 INTERACTION = ("no_sft_B16", "no_sft_B4", "mars_B16", "mars_B4")
-PAPER = re.compile(r"\(paper ([+-]\d+\.\d+)\)")
+INTERACTION_CLAIM = "the clean loss keeps B flat, one contrast (paper about -5.5)"
 
 
 def trained_steps(results, cfg):
@@ -380,13 +380,20 @@ def trained_steps(results, cfg):
     return steps
 
 
-def describe(iv, seeds, direction):
-    """One line: estimate, interval, its degrees of freedom and rule, the verdict (and mde when not detected)."""
+def describe(iv, seeds, direction, text=None, metric="accuracy"):
+    """One line: estimate, interval, its degrees of freedom and rule, the verdict (and mde when not detected), and
+    the reading (claims.reading: where 0 and the paper's figure quoted in text lie)."""
     says = "measured (no paper claim)" if direction is None else paired.verdict(iv.lo, iv.hi, direction, FLAT)
     extra = f", smallest detectable {paired.mde(iv):.4f}" if says == "not detected" else ""
     rule = ", seed term cut: seed-clustered" if iv.method == "seed-clustered" else ""
     return (f"{iv.estimate:+.4f} [{iv.lo:+.4f}, {iv.hi:+.4f}] ({len(seeds)} seeds, t({iv.df:.0f}){rule}): "
-            f"{says}{extra}")
+            f"{says} ({claim_reading(iv, direction, text, metric)}){extra}")
+
+
+def claim_reading(iv, direction, text=None, metric="accuracy"):
+    """claims.reading of an interval, in the paper's units (accuracy in points), the paper's figure from text."""
+    scale = 100 if metric == "accuracy" else 1
+    return reading(scale * iv.lo, scale * iv.hi, direction, text and paper_figure(text), scale * FLAT)
 
 
 def greedy_right(results, rows, cfg):
@@ -412,12 +419,7 @@ def report(results, cfg):
             print(f"{text}: no runs yet")
             continue
         iv, seeds = got
-        paper = PAPER.search(text)
-        where = ""
-        if paper and metric == "accuracy":
-            value = float(paper.group(1)) / 100
-            where = f"; the paper's {paper.group(1)} is {'inside' if iv.lo <= value <= iv.hi else 'outside'} it"
-        print(f"{text}: {a}@{tau_a} - {b}@{tau_b} {metric} {describe(iv, seeds, direction)}{where}")
+        print(f"{text}: {a}@{tau_a} - {b}@{tau_b} {metric} {describe(iv, seeds, direction, text, metric)}")
         sa, sb = steps.get(a), steps.get(b)
         if a == b or sa is None or sb is None or sa == sb:
             continue
@@ -428,16 +430,15 @@ def report(results, cfg):
             got = claim(results, a, control, metric, tau_a, tau_b, cfg, *family)
             if got:
                 print(f"    steps: {a} {sa}, {b} {sb}; step-matched control {control} ({steps.get(control)} steps): "
-                      f"{a} - {control} {describe(*got, direction)}")
+                      f"{a} - {control} {describe(*got, direction, metric=metric)}")
         else:
             print(f"    steps: {a} {sa}, {b} {sb}: NO step-matched control in the grid")
     seeds, right = greedy_right(results, INTERACTION, cfg)
     if seeds:
         n16, n4, m16, m4 = (right[row] for row in INTERACTION)
         iv = paired.interval((n16 - n4) - (m16 - m4))
-        print(f"the clean loss keeps B flat, one contrast (paper about -5.5): (no_sft_B16 - no_sft_B4) - (mars_B16 - "
-              f"mars_B4) accuracy, tau 1 {describe(iv, seeds, -1)}; the paper's -5.5 is "
-              f"{'inside' if iv.lo <= -0.055 <= iv.hi else 'outside'} it")
+        print(f"{INTERACTION_CLAIM}: (no_sft_B16 - no_sft_B4) - (mars_B16 - mars_B4) accuracy, tau 1 "
+              f"{describe(iv, seeds, -1, INTERACTION_CLAIM)}")
     blocks = [B for B in cfg["blocks"] if any(r["row"] == f"mars_B{B}" for r in results)]
     if len(blocks) < 2:
         return

@@ -101,7 +101,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval, runner  # noqa: E402
-from experiments.claims import difference, paired_rows, seed_count, verdict_row  # noqa: E402
+from experiments.claims import difference, line, paired_rows, seed_count, verdict_row  # noqa: E402
 from experiments.resumable import machine, weights_digest  # noqa: E402
 from experiments.runs import (Row, data_file, evaluate, provenance, size, train, train_and_evaluate,  # noqa: E402
                               training, with_held_out)
@@ -322,14 +322,14 @@ PARENT = {"ar_E": "base", "ar_2E": "base"}  # every other fine-tuned row starts 
 
 
 def report(results, cfg):
-    """Every claim: {"key", "claim", "estimate", "lo", "hi", "seeds", "df", "method", "mde", "verdict"}; and the
-    names of the rows left out (their parent is not their seed's recorded one)."""
+    """Every claim: {"key", "claim", "estimate", "lo", "hi", "seeds", "df", "method", "mde", "verdict", "reading"}
+    (claims.verdict_row); and the names of the rows left out (their parent is not their seed's recorded one)."""
     results, unpaired = paired_rows(results, lambda row: PARENT.get(row, "ar_E"))
     out, swept = [], {"1", *(f"{t:g}" for t in cfg["taus"])}
     for key, text, a, b, metric, tau_a, tau_b, direction in CLAIMS:
         got = difference(results, a, b, metric, tau_a, tau_b, cfg) if {tau_a, tau_b} <= swept else None
         if got:
-            out.append(verdict_row(key, text, *got, direction, cfg))
+            out.append(verdict_row(key, text, *got, direction, cfg, scale=100 if metric == "accuracy" else 1))
     return out, unpaired
 
 
@@ -354,10 +354,7 @@ def print_report(results, cfg):
     print_table(results)
     claims, unpaired = report(results, cfg)
     for r in claims:
-        pts = 1 if "tokens/forward" in r["claim"] else 100
-        print(f"{r['key']:<8} {r['claim']}: {pts * r['estimate']:+.2f} [{pts * r['lo']:+.2f}, {pts * r['hi']:+.2f}]"
-              f"{'' if pts == 1 else ' points'} ({seed_count(len(r['seeds']))}, t({r['df']:.0f})): {r['verdict']}"
-              + (f", smallest detectable {pts * r['mde']:.2f}" if r["verdict"] == "not detected" else ""))
+        print(line(r))
     tpf = [sum(r["sweep"]["0.95"]["tokens"]) / sum(r["sweep"]["0.95"]["forwards"]) for r in results
            if r.get("row") == "mars_B4" and "0.95" in r.get("sweep", {})]
     if tpf:

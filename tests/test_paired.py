@@ -93,3 +93,27 @@ def test_the_rule_reaches_ratios_too():
     iv = paired.ratio_difference(20 + 10 * KNOWN, forwards, np.full(KNOWN.shape, 20.0), forwards)
     assert iv.estimate == pytest.approx(0.05) and iv.df == 4 and iv.method == "seed-clustered"
     assert iv.hi - iv.estimate == pytest.approx(T4 * SE, rel=4e-3)
+
+
+def test_the_reading_says_where_0_and_the_papers_figure_lie():
+    """claims.reading on intervals placed by hand against 0, the paper's figure and the flat band, one per case."""
+    from experiments.claims import paper_figure, reading
+    assert paper_figure("a (paper -1.1..-1.6, Table 4)") == (-1.6, -1.1, "-1.1 to -1.6")
+    assert paper_figure("(paper: reasoning collapses, BBH 26.3 -> 7.5)")[2] == "-18.8 on BBH"
+    assert paper_figure("tokens/forward (no sourced paper figure)") is None
+    plus, minus, flat = (1.7, 1.7, "+1.7"), (-7.6, -7.6, "-7.6"), (-0.7, -0.7, "-0.7")
+    cases = [((3.5, 5.0, +1, plus), "in direction only, larger than the paper's +1.7"),
+             ((1.0, 2.0, +1, plus), "in direction and size, the paper's +1.7 inside the interval"),
+             ((-1.8, -0.5, -1, minus), "in direction only, smaller than the paper's -7.6"),
+             ((-0.1, 1.8, +1, plus), "0 and the paper's +1.7 both inside"),
+             ((-2.2, 2.4, -1, (-6.2, -6.2, "-6.2")), "0 inside; the paper's -6.2 is excluded"),
+             ((0.6, 3.2, -1, (-2.3, -2.3, "-2.3")), "a rise, against the paper's direction; the paper's -2.3 is excluded"),
+             ((-2.7, -1.0, 0, flat), "not flat: a fall is detected, larger than the paper's -0.7"),
+             ((-3.0, -2.0, 0, flat), "not flat: a fall beyond +-1.7 is detected, larger than the paper's -0.7"),
+             ((-0.5, 0.4, 0, flat), "flat: the interval lies inside +-1.7; the paper's -0.7 below it"),
+             ((-2.0, 0.4, 0, flat), "0 and the paper's -0.7 both inside; the interval reaches past +-1.7"),
+             ((2.5, 3.8, None, (-5.9, -5.9, "-5.9")), "a rise is detected, 0 below the interval; the paper's -5.9 below it"),
+             ((0.5, 2.0, +1, None), "in the paper's direction"),
+             ((-0.1, 0.08, None, None), "0 inside")]
+    for (lo, hi, direction, paper), want in cases:
+        assert reading(lo, hi, direction, paper, 1.7 if direction == 0 else None) == want, (lo, hi, direction)

@@ -26,7 +26,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from experiments import b_sweep, competent, competent_grid, paired, power_grid  # noqa: E402
+from experiments import b_sweep, competent, competent_grid, paired, power_grid, sft_on_pretrained  # noqa: E402
+from experiments.claims import reading  # noqa: E402
 
 # Overridable so that a changed copy can be checked by hand: SCIENCE_DOC=/tmp/paper.md, SCIENCE_RESULTS=/tmp/results
 DOC = os.environ.get("SCIENCE_DOC", os.path.join(ROOT, "docs", "paper.md"))
@@ -59,23 +60,29 @@ def power_contrast(power):
 SPEC = re.compile(r"^(?P<metric>tokens/forward )?(?P<a>\w+)@(?P<ta>[\w.:]+) - (?P<b>\w+)@(?P<tb>[\w.:]+)$")
 
 
+# The grids whose report() gives each claim's row (claims.verdict_row), and their results files
+REPORTS = {"competent_grid": (competent_grid, "competent_grid.jsonl"),
+           "sft_on_pretrained": (sft_on_pretrained, "sft_on_pretrained.jsonl")}
+
+
 def paper_claim(text):
     """A protocol line that is a claim of the paper: not the endless regime (the paper's claims are about a
     fixed data set) and not a direction with no sourced paper figure (the protocol's own assumption)."""
     return not text.startswith("endless") and "no sourced paper figure" not in text
 
 
-def power_direction(a, b, metric, ta, tb):
-    """The direction the protocol's code judges a - b by, where a - b tests a claim of the paper: its claim's,
-    or the claim a step-matched control stands beside; None (a measurement: interval, no verdict) otherwise."""
+def power_claim(a, b, metric, ta, tb):
+    """(direction, claim text) the protocol's code judges a - b by, where a - b tests a claim of the paper: its
+    claim's, or (with no text: the paper's figure is its claim's) the claim a step-matched control stands beside;
+    (None, None), a measurement (interval, no verdict), otherwise."""
     for text, ca, cb, cm, cta, ctb, direction, *family in power_grid.CLAIMS:
         if (ca, cb, cm, cta, ctb) == (a, b, metric, ta, tb) and not family and direction is not None:
-            return direction if paper_claim(text) else None
+            return (direction, text) if paper_claim(text) else (None, None)
     for (ca, cb), control in power_grid.CONTROLS.items():
         if (ca, control) == (a, b):
             text, *_, direction = next(c[:7] for c in power_grid.CLAIMS if (c[1], c[2]) == (ca, cb) and c[6] is not None)
-            return direction if paper_claim(text) else None
-    return None
+            return (direction, None) if paper_claim(text) else (None, None)
+    return None, None
 
 
 def named_seeds(named):
@@ -93,11 +100,14 @@ class Evidence:
         self.pilot = load("competent_pilot.jsonl", results)
         self.first = load("paper_grid.jsonl", results)
         self.timing = load("paper_timing.jsonl", results)
-        self.grid = load("competent_grid.jsonl", results)
-        self.claims = {}  # "seeds 1-5" -> competent_grid.report()'s rows on those seeds
+        self.results = {grid: load(name, results) if os.path.exists(os.path.join(results, name)) else []
+                        for grid, (_, name) in REPORTS.items()}
+        self.grid = self.results["competent_grid"]
+        self.claims = {}  # (grid, "seeds 1-5") -> the grid's report() rows on those seeds
 
     def __call__(self, spec):
-        """-> (text the doc must show after the span, verdict word for the verdict cell)."""
+        """-> (text the doc must show after the span, verdict word, reading: claims.reading of its interval, None
+        where the span is not an interval)."""
         grid, _, rest = spec.partition(" ")
         if grid == "power_grid":
             return self.power_grid(rest)
@@ -105,74 +115,82 @@ class Evidence:
             cond, rest = rest.split(" ", 1)
             m = re.fullmatch(r"tokens/forward (\w+) - (\w+)(?: at tau ([\d.]+))?", rest)
             iv, seeds = b_sweep.tpf(self.sweep, cond, m[1], m[2], m[3] or b_sweep.DECIDE_TAU)
-            return f"{interval_text(iv, 'tpf')}, {len(seeds)} seeds", "measured"
+            return f"{interval_text(iv, 'tpf')}, {len(seeds)} seeds", "measured", reading(iv.lo, iv.hi, None)
         if grid == "competent_pilot":
             c = rest.split(" ")[0]
             lo_hi = competent.choose(self.pilot)["why"][c]["2E_minus_E"]
-            return f"{interval_text(paired.Interval(*lo_hi, 0, 0), 'accuracy')}, one seed", "one seed"
+            return f"{interval_text(paired.Interval(*lo_hi, 0, 0), 'accuracy')}, one seed", "one seed", None
         if grid == "paper_grid":
             _, row = rest.split(" ")
             values = [r["jacobi_tokens_per_forward"] for r in self.first if r["row"] == row]
-            return f"{mean_sd(values)}, {len(values)} seeds", "measured"
-        if grid == "competent_grid":
-            return self.competent_grid(rest)
+            return f"{mean_sd(values)}, {len(values)} seeds", "measured", None
+        if grid in REPORTS:
+            return self.reported(grid, rest)
         if grid == "paper_timing":
             a, _, b = rest.split(" ")
             step = {r["row"]: r["step_seconds"] for r in self.timing}
-            return f"{step[a] / step[b]:.2f}x, one seed", "one seed"
+            return f"{step[a] / step[b]:.2f}x, one seed", "one seed", None
         raise ValueError(f"unknown evidence: {spec}")
 
     def power_grid(self, rest):
         seeds_text = lambda seeds: f"{len(seeds)} seeds"  # noqa: E731
         if rest == "contrast":
             iv, seeds = power_contrast(self.power)
-            return f"{interval_text(iv, 'accuracy')}, {seeds_text(seeds)}", paired.verdict(iv.lo, iv.hi, -1)
+            return (f"{interval_text(iv, 'accuracy')}, {seeds_text(seeds)}", paired.verdict(iv.lo, iv.hi, -1),
+                    power_grid.claim_reading(iv, -1, power_grid.INTERACTION_CLAIM))
         m = re.fullmatch(r"tokens/forward (\w+)@([\d.]+)", rest)
         if m:
             values = power_grid.tokens_per_forward(self.power, m[1], m[2])
-            return f"{mean_sd(values)}, {len(values)} seeds", "measured"
+            return f"{mean_sd(values)}, {len(values)} seeds", "measured", None
         m = SPEC.match(rest)
         metric = "tokens_per_forward" if m["metric"] else "accuracy"
         iv, seeds = power_grid.claim(self.power, m["a"], m["b"], metric, m["ta"], m["tb"], power_grid.FULL)
-        direction = power_direction(m["a"], m["b"], metric, m["ta"], m["tb"])
+        direction, text = power_claim(m["a"], m["b"], metric, m["ta"], m["tb"])
         says = "measured" if direction is None else paired.verdict(iv.lo, iv.hi, direction, power_grid.FLAT)
-        return f"{interval_text(iv, metric)}, {seeds_text(seeds)}", says
+        return (f"{interval_text(iv, metric)}, {seeds_text(seeds)}", says,
+                power_grid.claim_reading(iv, direction, text, metric))
 
-    def grid_claims(self, named):
-        """competent_grid.report()'s rows on the records of the seeds named ("seed 1", "seeds 1-5") only."""
-        if named not in self.claims:  # report() takes seconds, and the page names the same seeds many times
+    def grid_claims(self, grid, named):
+        """REPORTS[grid].report()'s rows on the records of the seeds named ("seed 1", "seeds 1-5") only."""
+        if (grid, named) not in self.claims:  # report() takes seconds, and the page names the same seeds many times
             seeds = named_seeds(named)
-            self.claims[named] = competent_grid.report([r for r in self.grid if r.get("seed") in seeds],
-                                                       competent_grid.FULL)[0]
-        return self.claims[named]
+            module, _ = REPORTS[grid]
+            self.claims[grid, named] = module.report([r for r in self.results[grid] if r.get("seed") in seeds],
+                                                     module.FULL)[0]
+        return self.claims[grid, named]
 
-    def competent_grid(self, rest):
-        """`competent_grid KEY seed 1` or `... seeds 1-5`: report()'s row for claim KEY on those seeds' records;
+    def reported(self, grid, rest):
+        """`GRID KEY seed 1` or `... seeds 1-5`: report()'s row for claim KEY on those seeds' records;
         `competent_grid long E128 - E80`: two chunks of the 128-epoch run, paired over the prompts (one seed)."""
         m = re.fullmatch(r"long E(\d+) - E(\d+)", rest)
         if m:
             chunks = long_chunks(self.grid)
             if int(m[1]) not in chunks or int(m[2]) not in chunks:
-                return f"no chunks for {rest}", "no records"
+                return f"no chunks for {rest}", "no records", None
             a, b = ([[int(c) for c in chunks[int(e)]["all"]["right"]]] for e in m.groups())  # [1 seed][prompts]
             iv = paired.accuracy_difference(a, b)
-            return f"{interval_text(iv, 'accuracy')}, one seed", "one seed"
+            return f"{interval_text(iv, 'accuracy')}, one seed", "measured", reading(100 * iv.lo, 100 * iv.hi, None)
         m = re.fullmatch(r"tokens/forward (\w+)@([\d.]+) (seeds? [\d-]+)", rest)
         if m:  # mean +- sd over the named seeds, on the sweep prompts
-            values = [sum(r["sweep"][m[2]]["tokens"]) / sum(r["sweep"][m[2]]["forwards"]) for r in self.grid
+            values = [sum(r["sweep"][m[2]]["tokens"]) / sum(r["sweep"][m[2]]["forwards"]) for r in self.results[grid]
                       if r.get("row") == m[1] and r.get("seed") in named_seeds(m[3])]
-            return f"{mean_sd(values)}, {len(values)} seeds", "measured"
+            return f"{mean_sd(values)}, {len(values)} seeds", "measured", None
         key, named = rest.split(" ", 1)
-        r = next((r for r in self.grid_claims(named) if r["key"] == key), None)
+        r = next((r for r in self.grid_claims(grid, named) if r["key"] == key), None)
         if r is None:
-            return f"no records of claim {key} on {named}", "no records"
+            return f"no records of claim {key} on {named}", "no records", None
         iv = paired.Interval(r["estimate"], r["lo"], r["hi"], 0, r["df"])
         n = len(r["seeds"])
         metric = "tpf" if "tokens/forward" in r["claim"] else "accuracy"
         text = f"{interval_text(iv, metric)}, {n} seed{'s' if n > 1 else ''}"
         if r["verdict"] == "not detected":  # what the design could have seen, beside what it did not
             text += f", smallest detectable {100 * r['mde']:.1f}" if metric == "accuracy" else f", smallest detectable {r['mde']:.2f}"
-        return text, r["verdict"]
+        return text, r["verdict"], r["reading"]
+
+
+def quoted(text, word, says):
+    """How the page quotes a span's evidence after it: the numbers, the rule's word and, in brackets, the reading."""
+    return f"{text}: {word}" + (f" ({says})" if says else "")
 
 
 def tables(text):
@@ -195,12 +213,66 @@ def tables(text):
     return {h: [r for r in rs if r is not None] for h, rs in found.items()}
 
 
+# The "what holds now" tables: a claim's row has one column per regime, each cell one span (its interval, word and
+# reading) or one of these; the fine-tuning grid's cell says NO_RESULTS until its results file has rows
+REGIMES = ("power_grid", "competent_grid", "sft_on_pretrained")
+NOT_IN = "not in its protocol"
+NO_RESULTS = "no results yet (pilot running)"
+SFT_KEYS = {c[0] for c in sft_on_pretrained.CLAIMS} | {"tokens/forward"}  # its report prints tokens/forward at 0.95
+
+
+def sections(text):
+    """{heading: the text under it, up to the next heading}."""
+    parts = re.split(r"^#+ (.*)$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
 def holds_now_problems(text, evidence):
-    """Every disagreement between the doc's "what holds now" tables and the results."""
-    rows = [r for h, rs in tables(text).items() if h.lower().startswith("what holds now") for r in rs]
-    if not rows:
+    """Every disagreement between the doc's "what holds now" tables and the results, and each table's stated
+    length ("N rows") against its rows."""
+    found = {h: rs for h, rs in tables(text).items() if h.lower().startswith("what holds now")}
+    if not any(found.values()):
         return ["docs/paper.md has no table under a heading 'What holds now'"]
-    return evidence_problems(rows, evidence)
+    problems = []
+    for heading, rows in found.items():
+        stated = re.findall(r"(\d+) rows", sections(text)[heading])
+        if stated != [str(len(rows))]:
+            problems.append(f"{heading!r}: its text states {stated} rows, the table has {len(rows)}")
+        problems += [p for cells in rows if len(cells) == 2 + len(REGIMES) for p in regime_row_problems(cells, evidence)]
+        problems += evidence_problems([cells for cells in rows if len(cells) != 2 + len(REGIMES)], evidence)
+    return problems
+
+
+def regime_row_problems(cells, evidence):
+    """One claim's row: each regime's cell one span of that grid, quoted with its word and reading; the fine-tuning
+    grid's cell NO_RESULTS (or, once it has results, a span) where its protocol has the competent grid's claim."""
+    claim, problems, key = cells[0], [], None
+    for grid, cell in zip(REGIMES, cells[2:]):
+        parts = re.split(r"`([^`]+)`", cell)
+        if len(parts) == 1:
+            if grid == "sft_on_pretrained" and cell != (want := sft_cell(key, evidence)):
+                problems.append(f"{claim!r}: the fine-tuning grid's cell should read {want!r}, it reads {cell!r}")
+            elif cell not in (NOT_IN, NO_RESULTS):
+                problems.append(f"{claim!r}, {grid}: a cell is one interval, {NOT_IN!r} or {NO_RESULTS!r}: {cell!r}")
+            continue
+        spec, after = parts[1], " ".join(parts[2].replace("**", "").split())
+        if len(parts) != 3 or not spec.startswith(grid + " ") or parts[0]:
+            problems.append(f"{claim!r}, {grid}: a cell opens with one span of {grid}, it reads {cell!r}")
+            continue
+        text, word, says = evidence(spec)
+        if not after.startswith(": " + quoted(text, word, says)) or f"**{word}**" not in cell:
+            problems.append(f"{claim!r}: `{spec}` should read ': {quoted(text, f'**{word}**', says)}', the doc has "
+                            f"{parts[2].strip()!r}")
+        if grid == "competent_grid":
+            key = spec.split(" ")[1]
+    return problems
+
+
+def sft_cell(key, evidence):
+    """What the fine-tuning grid's cell says where it has no span: the competent grid's claim `key` (None: none)."""
+    if key not in SFT_KEYS:
+        return NOT_IN
+    return NO_RESULTS if not evidence.results["sft_on_pretrained"] else f"a `sft_on_pretrained {key} seeds ...` span"
 
 
 def competent_grid_problems(text, evidence):
@@ -214,7 +286,7 @@ def competent_grid_problems(text, evidence):
     named = {seeds for _, seeds in specs}
     if len(named) != 1:
         return problems + [f"the competent grid's table names {sorted(named)}: one set of seeds for every row"]
-    missing = [r["key"] for r in evidence.grid_claims(named.pop()) if r["key"] not in {k for k, _ in specs}]
+    missing = [r["key"] for r in evidence.grid_claims("competent_grid", named.pop()) if r["key"] not in {k for k, _ in specs}]
     return problems + [f"the competent grid's table has no row for claim {k}" for k in missing]
 
 
@@ -249,21 +321,25 @@ def long_run_problems(text, grid):
 
 
 def competent_grid_sentence_problems(text, evidence):
-    """Every `competent_grid ...` span of the page, in prose as in tables (`competent_grid a seeds 1-5`,
-    `competent_grid long E128 - E32`), followed by its paired interval; and the 128-epoch run's highest chunk."""
+    """Every span of a grid in REPORTS (`competent_grid a seeds 1-5`, `competent_grid long E128 - E32`): in prose
+    followed by its interval, its rule's word and its reading, in a table by its interval (the table's checks read
+    its word and reading; a mean +- sd, not an interval, by its numbers); and the 128-epoch run's highest chunk."""
     chunks = long_chunks(evidence.grid)
     highest = max(chunks, key=lambda e: chunks[e]["all"]["accuracy"]["all"])
     problems = [f"the highest chunk is epoch {highest}, the doc says {e}"
                 for e in re.findall(r"highest chunk, epoch (\d+)", text) if int(e) != highest]
-    for m in re.finditer(r"`(competent_grid [^`]+)`([^`]*)", text):
-        want, _ = evidence(m[1])
-        if not " ".join(m[2].split()).startswith(": " + want):
-            problems.append(f"`{m[1]}` should be followed by ': {want}', the doc has {m[2][:60]!r}")
+    for m in re.finditer(rf"`((?:{'|'.join(REPORTS)}) [^`]+)`([^`]*)", text):
+        text_, word, says = evidence(m[1])
+        in_table = text[text.rfind("\n", 0, m.start()) + 1:].startswith("|")
+        want = text_ if in_table or says is None else quoted(text_, word, says)  # a mean +- sd has no reading
+        if not " ".join(m[2].replace("**", "").split()).startswith(": " + want):
+            problems.append(f"`{m[1]}` should be followed by ': {want}', the doc has {m[2][:80]!r}")
     return problems
 
 
 def evidence_problems(rows, evidence):
-    """Each row's evidence spans and verdict cell against the results."""
+    """Each row's evidence spans and verdict cell against the results: the verdict cell opens with the first span's
+    word in bold and, where it is an interval, its reading in brackets."""
     problems = []
     for cells in rows:
         claim, evidence_cell, verdict_cell = cells[0], cells[2], cells[3]
@@ -274,16 +350,16 @@ def evidence_problems(rows, evidence):
             continue
         for i, spec in enumerate(spans):
             after = parts[2 * i + 2]
-            want, says = evidence(spec)
+            want, says, reads = evidence(spec)
             if want not in after:
                 problems.append(f"{claim!r}: `{spec}` should read {want!r}, the doc has {after.strip()!r}")
             words = [w for w in WORDS if re.search(rf"\b{w}\b", after)]
             if words and says in WORDS and words != [says]:
                 problems.append(f"{claim!r}: `{spec}` is {says!r} by its rule, the doc says {words}")
             if i == 0:
-                head = re.match(r"\*\*([^*]+)\*\*", verdict_cell)
-                if not head or head[1] != says:
-                    problems.append(f"{claim!r}: the verdict cell must open with **{says}**, it reads {verdict_cell[:40]!r}")
+                head = quoted("", f"**{says}**", reads)[2:]
+                if not verdict_cell.startswith(head):
+                    problems.append(f"{claim!r}: the verdict cell must open with {head!r}, it reads {verdict_cell[:60]!r}")
             elif re.match(r"competent_grid (?!long)", spec) and f"**{says}**" not in verdict_cell:
                 problems.append(f"{claim!r}: `{spec}` is {says!r} by the competent grid's rule; the verdict cell must "
                                 f"show **{says}**")
@@ -373,8 +449,9 @@ def power_side(m):
 
 def power_grid_table_problems(text, evidence):
     """The powered grid's two tables: each claim line's interval from power_grid.claim on the rows and taus its
-    "a - b" cell names (and its "seed term cut" note where the rule took the seed-clustered interval), and each
-    tokens/forward-by-B line's means and differences to B 4."""
+    "a - b" cell names (and its "seed term cut" note where the rule took the seed-clustered interval), its verdict
+    cell opening with the rule's word and the reading, and each tokens/forward-by-B line's means and differences
+    to B 4."""
     rows = tables(text).get(POWER_TABLES)
     if not rows:
         return [f"docs/paper.md has no table under {POWER_TABLES!r}"]
@@ -391,12 +468,16 @@ def power_grid_table_problems(text, evidence):
             metric = "accuracy" if "points" in cells[4] else "tokens_per_forward"
             if cells[1].startswith("("):  # the contrast
                 iv, _ = power_contrast(evidence.power)
+                direction, claim = -1, power_grid.INTERACTION_CLAIM
             else:
                 (a, ta), (b, tb) = (power_side(m) for m in SIDE.finditer(cells[1]))
                 family = [power_grid.powered_eval.worked.NAME] if cells[0].startswith("long answers") else []
                 iv, _ = power_grid.claim(evidence.power, a, b, metric, ta, tb, power_grid.FULL, *family)
+                direction, claim = (None, None) if family else power_claim(a, b, metric, ta, tb)
             note = " (seed term cut: seed-clustered t(4))" if iv.method == "seed-clustered" else ""
-            want, got = [interval_text(iv, metric) + note], [cells[4]]
+            word = "measured" if direction is None else paired.verdict(iv.lo, iv.hi, direction, power_grid.FLAT)
+            verdict = quoted("", word, power_grid.claim_reading(iv, direction, claim, metric))[2:]
+            want, got = [interval_text(iv, metric) + note, verdict], [cells[4], cells[5].replace("**", "")[:len(verdict)]]
         problems += [f"{POWER_TABLES}, {cells[0]!r}: the doc has {g!r}, the results give {w!r}"
                      for g, w in zip(got, want) if g != w]
     return problems
@@ -528,21 +609,43 @@ def test_the_no_sft_rows_are_below_their_parent_on_every_seed_where_the_page_say
         assert acc[row].keys() == acc["ar_E"].keys() and all(acc[row][s] < acc["ar_E"][s] for s in acc[row]), row
 
 
-def test_the_readme_science_lines_match_the_results(evidence):
-    """The README's five science lines quote the powered grid's headline claim, the competent grid's claims a and
-    b, and the two regimes' AR-SFT against the constant answer, each recomputed here."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    science = readme[readme.index("## The paper at nano scale"):]
-    assert len([line for line in science.strip().splitlines() if line]) <= 6  # the heading and at most 5 lines
-    science = " ".join(science.split())
-    for spec in ("power_grid mars_B4@1 - ar_E@1", "competent_grid a seeds 1-5", "competent_grid b seeds 1-5"):
-        text, word = evidence(spec)
-        assert f"{text}: {word}" in science, f"README should quote {spec} as {text}: {word}"
+# The README's research lines, each with the spans whose word and reading it quotes (the intervals stay in paper.md)
+README_LINES = (("power_grid mars_B4@1 - ar_E@1",), ("competent_grid a seeds 1-5",), ("competent_grid b seeds 1-5",),
+                ("competent_grid d seeds 1-5", "competent_grid d_ar seeds 1-5"), ("competent_grid e seeds 1-5",))
+
+
+def readme_problems(readme, evidence):
+    """The README's research section: at most 5 lines, each quoting its claims' words and readings, and the two
+    regimes' AR-SFT against the constant answer."""
+    science = readme[readme.index("## The paper at nano scale"):].splitlines()[1:]
+    lines = [line for line in science if line.strip()]
+    problems = [f"README's research section has {len(lines)} lines, at most 5"] if len(lines) > 5 else []
+    for line, specs in zip(lines, README_LINES):
+        for spec in specs:
+            want = quoted("", *evidence(spec)[1:])[2:]
+            if want not in line:
+                problems.append(f"README line {line[:40]!r} should quote {spec} as {want!r}")
     power = load("power_grid.jsonl")
     mean = lambda row: statistics.mean(r["ar"]["accuracy"]["all"] for r in power if r["row"] == row)  # noqa: E731
     pilot = {r["name"]: r["ar"]["accuracy"]["all"] for r in load("competent_pilot.jsonl")}
-    for value in (mean("ar_E"), mean("constant"), pilot["pilot/4x128/E32"], pilot["pilot/constant"]):
-        assert f"{value:.3f}" in science
+    text = " ".join(science)
+    return problems + [f"README should quote {value:.3f}" for value in (mean("ar_E"), mean("constant"),
+                       pilot["pilot/4x128/E32"], pilot["pilot/constant"]) if f"{value:.3f}" not in text]
+
+
+def test_results_md_quotes_tau_095s_cost_as_the_competent_grid_reads_it(evidence):
+    """docs/results.md's tau 0.95 sentence (one model, no interval) quotes the 5-seed competent grid's word and
+    reading of claim e."""
+    text = " ".join(open(os.path.join(ROOT, "docs", "results.md")).read().split())
+    want = quoted("", *evidence("competent_grid e seeds 1-5")[1:])[2:]
+    assert f"tau 0.95 costs accuracy: {want}" in text, want
+
+
+def test_the_readme_science_lines_match_the_results(evidence):
+    """The README's five science lines quote, in plain words and each claim's word and reading, the powered grid's
+    headline claim and the competent grid's a, b, d, d_ar and e, each recomputed here."""
+    problems = readme_problems(open(os.path.join(ROOT, "README.md")).read(), evidence)
+    assert not problems, "\n".join(problems)
 
 
 def test_the_competent_grids_measured_cost_matches_its_results():
@@ -559,3 +662,40 @@ def test_the_competent_grids_measured_cost_matches_its_results():
         per_step = f"{r['train_core_seconds'] / r['steps']:.2f}"
         assert f"{r['steps']} steps" in text or name == "mars_B4/seed1"
         assert f"{r['train_core_seconds']:.0f} core-s" in text and per_step in text, (name, per_step)
+
+
+def test_an_altered_reading_fails(doc, evidence):
+    """Each place a reading is quoted sees it altered: a "what holds now" cell, the competent grid's verdict cell,
+    its prose, the powered grid's table and the README."""
+    a = evidence("competent_grid a seeds 1-5")[2]
+    flat = evidence("power_grid mars_B16@1 - mars_B4@1")[2]
+    wrong = "in direction and size, the paper's +1.7 inside the interval"
+    holds, table, prose = (doc.index(marker) for marker in ("| MARS (E epochs", "| a: MARS B 4", "model it started from, `competent_grid a"))
+    spaced = r"\s+".join(map(re.escape, a.split()))  # prose wraps a reading across lines
+    for at, check in ((holds, holds_now_problems), (table, competent_grid_problems), (prose, competent_grid_sentence_problems)):
+        altered = doc[:at] + re.sub(spaced, wrong, doc[at:], count=1)
+        assert altered != doc and check(altered, evidence), check.__name__
+    assert power_grid_table_problems(doc.replace(f"**reproduced** ({flat})", "**reproduced** (flat)"), evidence)
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert readme_problems(readme.replace(a, wrong), evidence)
+
+
+def test_the_fine_tuning_grids_cells_wait_for_its_results(doc, evidence):
+    """Its cells say it has no results while its results file is empty; once it has rows, each must be its span."""
+    assert not evidence.results["sft_on_pretrained"] or NO_RESULTS not in doc
+    later = Evidence()
+    later.results["sft_on_pretrained"] = [{"row": "ar_E", "seed": 1}]
+    assert any("fine-tuning grid's cell" in p for p in holds_now_problems(doc, later))
+
+
+def test_most_competent_claims_have_4_degrees_of_freedom(doc, evidence):
+    """The competent section says most claims' t has 4 degrees of freedom."""
+    assert "for most claims its t has 4 degrees of freedom" in " ".join(doc.split())
+    dfs = [round(r["df"]) for r in evidence.grid_claims("competent_grid", "seeds 1-5")]
+    assert dfs.count(4) > len(dfs) / 2, dfs
+
+
+def test_the_note_under_what_holds_now_quotes_bs_reading(doc, evidence):
+    """The note under the table reads claim b without its span: the words must be b's reading."""
+    reads = evidence("competent_grid b seeds 1-5")[2]
+    assert f"32 more of AR-SFT ({reads})" in " ".join(sections(doc)["What holds now"].split()), reads
