@@ -9,10 +9,14 @@ import ast
 import glob
 import importlib
 import inspect
+import io
 import os
 import re
 import sys
+import tokenize
+from datetime import datetime
 
+import nbformat
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -255,10 +259,10 @@ def cited_sections(text):
         if not os.path.exists(os.path.join(ROOT, page)):
             continue  # not a page of the repository (a stale path is the path check's to report)
         tail = text[m.end():m.end() + 300]
-        if TITLES.match(tail):
-            found += [(page, title) for title in re.findall(r'"([^"]+)"', TITLES.match(tail).group(1))]
-        if NUMBERS.match(tail):
-            found += [(page, n) for n in re.findall(r"\d+", NUMBERS.match(tail).group(1))]
+        if titles := TITLES.match(tail):
+            found += [(page, title) for title in re.findall(r'"([^"]+)"', titles.group(1))]
+        if numbers := NUMBERS.match(tail):
+            found += [(page, n) for n in re.findall(r"\d+", numbers.group(1))]
     return found
 
 
@@ -274,8 +278,6 @@ def missing_sections(text):
 
 
 def comments_and_docstrings(path):
-    import io
-    import tokenize
     source = open(path).read()
     comments = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
     nodes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))]
@@ -285,7 +287,6 @@ def comments_and_docstrings(path):
 def citing_texts():
     """(where, text) of everything that may cite a page's section: the pages, every docstring and comment of
     the code, and every notebook cell's source."""
-    import nbformat
     for path in ["README.md", *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]:
         yield os.path.relpath(os.path.join(ROOT, path), ROOT), open(os.path.join(ROOT, path)).read()
     for path in sorted(glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)):
@@ -329,7 +330,6 @@ def claimed_seconds(text):
 def recorded_seconds(nb):
     """How long the saved run took: from the first code cell's start to the last one's end, as the kernel
     recorded them."""
-    from datetime import datetime
     stamps = [c.metadata.get("execution", {}) for c in nb.cells if c.cell_type == "code"]
     start, end = stamps[0].get("iopub.execute_input"), stamps[-1].get("iopub.status.idle")
     assert start and end, "the saved notebook holds no execution times: execute it with nbclient (record_timing)"
@@ -343,7 +343,6 @@ def contradicted(claims, seconds, slack=1.5):
 
 def notebook_time_claims():
     """(notebook, where, claims): each notebook's markdown, and each README or docs list item linking it."""
-    import nbformat
     for path in sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb"))):
         name = os.path.basename(path)
         cells = nbformat.read(path, as_version=4).cells
@@ -359,7 +358,6 @@ TIME_CLAIMS = [c for c in notebook_time_claims() if c[2]]
 
 @pytest.mark.parametrize("name,where,claims", TIME_CLAIMS, ids=[f"{w}:{n}" for n, w, _ in TIME_CLAIMS])
 def test_a_notebooks_stated_run_time_is_its_saved_runs(name, where, claims):
-    import nbformat
     seconds = recorded_seconds(nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4))
     assert not contradicted(claims, seconds), \
         f"{where} says {name} runs in {claims} seconds; its saved run took {seconds:.0f} s: say so, or drop the time"
