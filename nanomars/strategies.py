@@ -65,7 +65,7 @@ def aligned_windows(known, B):
     """(n,) proposals of the aligned window for rows with `known` (n,) known tokens: the last real
     token's, plus the masks at positions p >= known in its block (p // B == known // B), at most B-1.
     A mask then never sees a mask of an earlier block, a context training with blocks from position 0
-    never shows (docs/mars.md, "Windows")."""
+    never shows (docs/mars.md, "Decoding")."""
     return torch.clamp(B - known % B + 1, max=B)
 
 

@@ -7,6 +7,10 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The tests' models are tiny: a second intra-op thread costs more in hand-offs than its half of a matmul saves,
+# and on a busy machine it spins waiting for the other core (tests/test_lossless.py's fast tests, 2 cores under
+# load: 11 s of CPU with one thread, 83 s with two). Processes the tests start get OMP_NUM_THREADS=1 likewise.
+torch.set_num_threads(1)
 
 from nanomars.masks import causal_mask  # noqa: E402
 from nanomars.model import Config, Decoder, KVCache  # noqa: E402

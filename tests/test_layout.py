@@ -1,6 +1,7 @@
 """The layout is the first documentation: nanomars/ holds the method, read in order, and imports none of its
-subpackages (compare/, scale/, util/) in any import form; every subpackage says who reads it; the method's
-code and train.py name no peer or baseline."""
+subpackages (compare/, scale/, util/) in any import form; util/, the plumbing, imports nothing above it (no
+compare/, no scale/); every subpackage says who reads it; the method's code and train.py name no peer or
+baseline."""
 import ast
 import os
 import re
@@ -65,6 +66,26 @@ def test_the_reading_path_never_imports_forward():
     for i, name in enumerate(READING_ORDER):
         for later in READING_ORDER[i + 1:]:
             assert not names_under(core_imports(name), f"nanomars.{later}"), (name, later)
+
+
+def above_util(source):
+    """What a util/ source imports from the subpackages above it (compare/, scale/)."""
+    found = imported_modules(source, "nanomars.util")
+    return sorted(set().union(*(names_under(found, f"nanomars.{sub}") for sub in ("compare", "scale"))))
+
+
+def test_util_imports_nothing_above_it():
+    folder = os.path.join(ROOT, "nanomars", "util")
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".py")):
+        with open(os.path.join(folder, name)) as f:
+            assert not above_util(f.read()), name
+
+
+def test_the_util_check_sees_the_arrow_that_was_there():
+    """checkpoint.py once read Hugging Face folders through scale/qwen.py, imported inside load_model."""
+    assert above_util("def load_model(path):\n    from ..scale.qwen import load_qwen") == \
+        ["nanomars.scale.qwen", "nanomars.scale.qwen.load_qwen"]
+    assert not above_util("from .qwen import load_qwen\nfrom ..model import Decoder")
 
 
 def test_the_core_is_the_reading_order_and_each_subpackage_says_who_reads_it():

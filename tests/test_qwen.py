@@ -14,7 +14,7 @@ import torch
 
 from nanomars.decode import ar_decode, mars_decode
 from nanomars.masks import causal_mask
-from nanomars.scale.qwen import bytes_to_unicode, load_qwen, load_qwen_config, load_qwen_tokenizer, save_qwen
+from nanomars.util.qwen import bytes_to_unicode, load_qwen, load_qwen_config, load_qwen_tokenizer, save_qwen
 from nanomars.util.tokenizer import QWEN_PATTERN
 
 VOCAB = 300
@@ -157,7 +157,7 @@ def test_bad_checkpoints(tmp_path):
 
 
 def test_key_and_shape_mismatch(tmp_path):
-    from nanomars.scale.safetensors_io import load_file, save_file
+    from nanomars.util.safetensors_io import load_file, save_file
     tiny_hf(tmp_path, 2, False)
     path = tmp_path / "model.safetensors"
     weights = dict(load_file(path))

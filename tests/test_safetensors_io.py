@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from nanomars.scale.safetensors_io import load_file, read_header, save_file
+from nanomars.util.safetensors_io import load_file, read_header, save_file
 
 
 def sample_tensors():

@@ -69,7 +69,7 @@ def test_ddp_two_processes_end_with_identical_weights(tmp_path):
 def test_finetune_a_hugging_face_folder(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers loads the result as the reference")
     from test_qwen import tiny_hf
-    from nanomars.scale.qwen import load_qwen
+    from nanomars.util.qwen import load_qwen
     tiny_hf(tmp_path / "hf", n_kv_head=2, tie=True)
     data = tmp_path / "sft.jsonl"
     data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"add {i} {i}"},

@@ -88,7 +88,7 @@ def parity(device, n_new=32):
         import transformers
     except ImportError:
         return {"skipped": "transformers is not installed"}
-    from nanomars.scale.qwen import load_qwen
+    from nanomars.util.qwen import load_qwen
     from nanomars.scale.tiny_qwen import tiny_hf_folder  # the parity tests' tiny random Qwen2 folder
     transformers.utils.logging.disable_progress_bar()  # keep the report compact
     out = {}

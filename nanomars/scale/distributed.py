@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..util.checkpoint import load_model, save_checkpoint
 from ..util.cli import fail
 from ..model import Config, Decoder
-from .qwen import load_qwen_tokenizer, save_qwen
+from ..util.qwen import load_qwen_tokenizer, save_qwen
 from ..util.tokenizer import load_default_tokenizer
 
 

@@ -6,7 +6,7 @@ import os
 import torch
 import transformers
 
-from .qwen import bytes_to_unicode
+from ..util.qwen import bytes_to_unicode
 
 
 def tiny_hf_folder(folder, n_kv_head=2, tie=True, shard=False, seed=0):

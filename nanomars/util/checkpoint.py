@@ -10,6 +10,7 @@ from dataclasses import asdict
 import torch
 
 from ..model import Config, Decoder
+from .qwen import load_qwen, load_qwen_tokenizer
 from .tokenizer import load_default_tokenizer
 
 
@@ -85,13 +86,11 @@ def load_model(path, device="cpu", dtype=None):
     one the checkpoint was trained with (4 for a folder: the released MARS checkpoints' default).
     ckpt is the checkpoint dict, None for a folder. Checks that every tokenizer id has an embedding row."""
     if os.path.isdir(path):
-        from ..scale.qwen import load_qwen
         model, tok = load_qwen(path, device=device, dtype=dtype)
         return model, tok, 4, None
     model, ckpt = load_checkpoint(path, device)
     hf_folder = ckpt.get("args", {}).get("hf_folder")
     if hf_folder:
-        from ..scale.qwen import load_qwen_tokenizer
         tok = load_qwen_tokenizer(hf_folder)
     else:
         tok = load_default_tokenizer()

@@ -16,7 +16,7 @@ import torch
 
 from ..model import Config, Decoder, default_device
 from .safetensors_io import load_file, read_header, save_file
-from ..util.tokenizer import QWEN_PATTERN, ChatTokenizer
+from .tokenizer import QWEN_PATTERN, ChatTokenizer
 
 SUPPORTED = ("qwen2", "a2d-qwen2")
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
