@@ -101,7 +101,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval, runner  # noqa: E402
-from experiments.claims import difference, line, paired_rows, seed_count, verdict_row  # noqa: E402
+from experiments.claims import (difference, line, paired_rows, paper_figure, reading, seed_count,  # noqa: E402
+                               verdict_row)
 from experiments.resumable import machine, weights_digest  # noqa: E402
 from experiments.runs import (Row, data_file, evaluate, provenance, size, train, train_and_evaluate,  # noqa: E402
                               training, with_held_out)
@@ -365,13 +366,45 @@ def print_report(results, cfg):
         print("left out (parent digest is not the seed's recorded parent): " + ", ".join(unpaired))
 
 
-def print_pilot(pilot, cfg):
-    print_table(pilot)
-    got = choose(pilot, cfg)
+def pilot_rows(pilot, cfg):
+    """The pilot's table, one row per finished candidate (docs/paper.md quotes it; tests check it): held-out and
+    SFT-set accuracy at E and 2E, the held-out loss (train.py's 2% of the SFT file) at the end of each, 2E - E with
+    its reading, and the rule's two conditions."""
+    got, runs = choose(pilot, cfg), {r["name"]: r for r in pilot}
+    out = []
     for c, w in got["why"].items():
         d, lo, hi = (100 * v for v in w["2E_minus_E"])
-        print(f"  {c:<12} E {w['accuracy_E']:.3f} 2E {w['accuracy_2E']:.3f} (SFT set {w['sft_E']:.3f} -> "
-              f"{w['sft_2E']:.3f}); 2E - E {d:+.2f} [{lo:+.2f}, {hi:+.2f}] points; (i) {w['i']} (ii) {w['ii']}")
+        loss = lambda row: runs[f"{c}/{row}/seed{cfg['pilot_seed']}"]["held_out_loss"][-1][1]["ar"]  # noqa: E731
+        out.append([f"{w['kind']}, {w['n']}, E {w['E']}", f"{w['accuracy_E']:.3f}", f"{w['accuracy_2E']:.3f}",
+                    f"{w['sft_E']:.3f} -> {w['sft_2E']:.3f}", f"{loss('ar_E'):.3f} -> {loss('ar_2E'):.3f}",
+                    f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}] ({reading(lo, hi, -1, paper_figure(CLAIMS[0][1]))})",
+                    "yes" if w["i"] else "no", "yes" if w["ii"] else "no",
+                    "**chosen**" if c == got["candidate"] and got["complete"] else
+                    "passes" if w["i"] and w["ii"] else "fails"])
+    return out
+
+
+def pilot_state(got):
+    """The pilot rule's answer in words, for docs/paper.md (tests check it against choose())."""
+    if not got["complete"]:
+        return f"Not every candidate is in yet ({len(got['why'])} of {len(CANDIDATES)}): the rule has not chosen."
+    if not got["passed"]:
+        return "All eight candidates are in and none passes: by the protocol the grid does not run."
+    kind, n, E = CANDIDATES[got["candidate"]]
+    return (f"All eight candidates are in. By the rule the grid's setting is **{kind}, {n}, E {E}**: of those that "
+            f"pass, the one whose AR-SFT 2E sees the fewest SFT examples ({n} x {2 * E}).")
+
+
+PILOT_HEAD = ["SFT set (kind, n, E)", "AR-SFT E", "AR-SFT 2E", "SFT set E -> 2E", "held-out loss E -> 2E",
+              "2E - E, points (reading)", "(i)", "(ii)", "rule"]
+
+
+def print_pilot(pilot, cfg):
+    print_table(pilot)
+    print("| " + " | ".join(PILOT_HEAD) + " |\n|" + " --- |" * len(PILOT_HEAD))
+    for row in pilot_rows(pilot, cfg):
+        print("| " + " | ".join(row) + " |")
+    got = choose(pilot, cfg)
     state = "" if got["complete"] else " (not every candidate is in)"
     print(f"pilot rule{state}: " + (f"{got['candidate']} passes" if got["passed"] else "no candidate passes"))
 

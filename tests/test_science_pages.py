@@ -702,3 +702,32 @@ def test_the_note_under_what_holds_now_quotes_bs_reading(doc, evidence):
     """The note under the table reads claim b without its span: the words must be b's reading."""
     reads = evidence("competent_grid b seeds 1-5")[2]
     assert f"32 more of AR-SFT ({reads})" in " ".join(sections(doc)["What holds now"].split()), reads
+
+
+def sft_pilot_problems(text, pilot):
+    """The fine-tuning pilot's section: its table is sft_on_pretrained.pilot_rows on the pilot's results, the
+    base's and the constant's accuracy are theirs, and the rule's answer is pilot_state's."""
+    part = sections(text)["Its pilot (seed 5, one seed)"]
+    cfg, runs = sft_on_pretrained.FULL, {r["name"]: r for r in pilot}
+    s = cfg["pilot_seed"]
+    problems = [] if tables(text)["Its pilot (seed 5, one seed)"] == sft_on_pretrained.pilot_rows(pilot, cfg) else \
+        ["the pilot's table is not pilot_rows() of experiments/sft_on_pretrained_pilot.jsonl"]
+    flat = " ".join(part.split())
+    for name in (f"base/seed{s}", f"constant/seed{s}"):
+        if f"{runs[name]['all']['accuracy']['all']:.3f}" not in flat:
+            problems.append(f"the pilot's text should quote {name}'s accuracy")
+    if sft_on_pretrained.pilot_state(sft_on_pretrained.choose(pilot, cfg)) not in flat:
+        problems.append("the pilot's text should give the rule's answer as pilot_state() words it")
+    return problems
+
+
+def test_the_fine_tuning_pilot_section_is_its_rule_on_its_results(doc):
+    assert not sft_pilot_problems(doc, load("sft_on_pretrained_pilot.jsonl"))
+
+
+def test_the_fine_tuning_pilot_check_sees_a_changed_result(doc):
+    pilot = load("sft_on_pretrained_pilot.jsonl")
+    e = next(r for r in pilot if r["row"] == "ar_E")
+    e["all"]["right"] = "1" * len(e["all"]["right"])  # one candidate's AR-SFT E answers every prompt right
+    e["all"]["accuracy"]["all"] = 1.0
+    assert sft_pilot_problems(doc, pilot)
