@@ -114,7 +114,7 @@ if args.epochs:
 else:
     # the quick start's two stages are cut to fit a student's first minutes (docs/results.md, "The quick start's
     # recipe"); the Medusa heads keep 1200
-    schedule_iters = args.max_iters = args.max_iters or {"ar": 600, "mars": 450}.get(args.stage, 1200)
+    schedule_iters = args.max_iters = args.max_iters or {"ar": 900, "mars": 600}.get(args.stage, 1200)
 
 def batches(gen):
     """The global batch of each optimizer step, one per next(): batch_size x grad_accum x world example indices
