@@ -112,9 +112,7 @@ if args.epochs:
     schedule_iters = args.epochs * (len(train_set) // global_batch)  # the lr schedule spans all epochs
     args.max_iters = min(args.max_iters or schedule_iters, schedule_iters)
 else:
-    # the quick start's two stages are cut to fit a student's first minutes (docs/results.md, "The quick start's
-    # recipe"); the Medusa heads keep 1200
-    schedule_iters = args.max_iters = args.max_iters or {"ar": 900, "mars": 600}.get(args.stage, 1200)
+    schedule_iters = args.max_iters = args.max_iters or 1200
 
 def batches(gen):
     """The global batch of each optimizer step, one per next(): batch_size x grad_accum x world example indices

@@ -73,9 +73,8 @@ def method_flags(p):
 
 
 def optimisation_flags(p):
-    p.add_argument("--max_iters", type=positive_int, default=None, help="optimizer steps (default: 900 for "
-                   "stage ar, 600 for stage mars, 1200 for stage medusa; with --epochs: where to stop, the whole "
-                   "schedule by default)")
+    p.add_argument("--max_iters", type=positive_int, default=None, help="optimizer steps (default 1200; with "
+                   "--epochs: where to stop, the whole schedule by default)")
     p.add_argument("--batch_size", type=positive_int, default=32, help="examples per micro-step per process: "
                    "the global batch is batch_size x grad_accum x processes")
     p.add_argument("--grad_accum", type=positive_int, default=1)
