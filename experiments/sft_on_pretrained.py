@@ -395,6 +395,19 @@ def pilot_state(got):
             f"pass, the one whose AR-SFT 2E sees the fewest SFT examples ({n} x {2 * E}).")
 
 
+def grid_state(grid, pilot, cfg):
+    """How far the grid is, in words, for docs/paper.md (tests check it against the results files)."""
+    got = choose(pilot, cfg)
+    if not (got["complete"] and got["passed"]):
+        return "Its runs start from a40b30e once the pilot has chosen a setting; no row of it is in yet."
+    names = Plan(cfg, "", "", {}, pilot=False, choice=got["candidate"]).names()
+    done = [n for n in names if n in {r["name"] for r in grid}]
+    return (f"From a40b30e, in the pilot's setting, seed by seed: {len(done)} of its {len(names)} runs are in "
+            f"({', '.join(done) or 'none'}). With fewer than its 5 seeds no line is a verdict: the fine-tuning "
+            "column of the tables above quotes each claim that has rows as interim, and "
+            "`python experiments/sft_on_pretrained.py --report` prints them all.")
+
+
 PILOT_HEAD = ["SFT set (kind, n, E)", "AR-SFT E", "AR-SFT 2E", "SFT set E -> 2E", "held-out loss E -> 2E",
               "2E - E, points (reading)", "(i)", "(ii)", "rule"]
 

@@ -224,7 +224,7 @@ def tables(text):
 # reading) or one of these; the fine-tuning grid's cell says NO_RESULTS until its results file has rows
 REGIMES = ("power_grid", "competent_grid", "sft_on_pretrained")
 NOT_IN = "not in its protocol"
-NO_RESULTS = "no results yet (pilot running)"
+NO_RESULTS = "no results yet"
 SFT_KEYS = {c[0] for c in sft_on_pretrained.CLAIMS} | {"tokens/forward"}  # its report prints tokens/forward at 0.95
 
 
@@ -276,10 +276,18 @@ def regime_row_problems(cells, evidence):
 
 
 def sft_cell(key, evidence):
-    """What the fine-tuning grid's cell says where it has no span: the competent grid's claim `key` (None: none)."""
+    """What the fine-tuning grid's cell says where it has no span: the competent grid's claim `key` (None: none)
+    is NOT_IN its protocol, NO_RESULTS while its report has no line for it, else it must be a span."""
     if key not in SFT_KEYS:
         return NOT_IN
-    return NO_RESULTS if not evidence.results["sft_on_pretrained"] else f"a `sft_on_pretrained {key} seeds ...` span"
+    rows = evidence.results["sft_on_pretrained"]
+    seeds = sorted({r["seed"] for r in rows})
+    named = f"seed{'s' if len(seeds) > 1 else ''} {seeds[0]}" + (f"-{seeds[-1]}" if len(seeds) > 1 else "") if seeds else ""
+    reported = {r["key"] for r in evidence.grid_claims("sft_on_pretrained", named)} if seeds else set()
+    has_tpf = any(r.get("row") == "mars_B4" and "0.95" in r.get("sweep", {}) for r in rows)
+    if key not in reported and not (key == "tokens/forward" and has_tpf):
+        return NO_RESULTS
+    return f"a `sft_on_pretrained {key} {named}` span"
 
 
 def competent_grid_problems(text, evidence):
@@ -684,11 +692,13 @@ def test_an_altered_reading_fails(doc, evidence):
 
 
 def test_the_fine_tuning_grids_cells_wait_for_its_results(doc, evidence):
-    """Its cells say it has no results while its results file is empty; once it has rows, each must be its span."""
-    assert not evidence.results["sft_on_pretrained"] or NO_RESULTS not in doc
+    """Its cells say it has no results while its report has no line for their claim; once it has, each must be its
+    span: a grid whose every claim is in (here: the competent grid's records, renamed) flags every waiting cell."""
     later = Evidence()
-    later.results["sft_on_pretrained"] = [{"row": "ar_E", "seed": 1}]
-    assert any("fine-tuning grid's cell" in p for p in holds_now_problems(doc, later))
+    later.results["sft_on_pretrained"] = [r for r in later.results["competent_grid"] if r.get("seed") in (1, 2)]
+    later.claims.clear()
+    assert any("fine-tuning grid's cell" in p for p in holds_now_problems(doc.replace(
+        "`sft_on_pretrained", "`sft_grid_not_quoted"), later))
 
 
 def test_most_competent_claims_have_4_degrees_of_freedom(doc, evidence):
@@ -731,3 +741,10 @@ def test_the_fine_tuning_pilot_check_sees_a_changed_result(doc):
     e["all"]["right"] = "1" * len(e["all"]["right"])  # one candidate's AR-SFT E answers every prompt right
     e["all"]["accuracy"]["all"] = 1.0
     assert sft_pilot_problems(doc, pilot)
+
+
+def test_the_fine_tuning_grid_section_says_how_far_it_is(doc):
+    """The grid's section gives grid_state()'s words on the results files: which of its runs are in."""
+    grid = load("sft_on_pretrained.jsonl") if os.path.exists(os.path.join(RESULTS, "sft_on_pretrained.jsonl")) else []
+    state = sft_on_pretrained.grid_state(grid, load("sft_on_pretrained_pilot.jsonl"), sft_on_pretrained.FULL)
+    assert state in " ".join(sections(doc)["The grid"].split())
