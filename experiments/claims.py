@@ -5,6 +5,7 @@ paper's figure lie against the interval (reading; every grid's report and the sc
 row counts only if it started from its seed's parent (paired_rows); verdicts need every seed of the protocol.
 """
 import re
+import statistics
 
 import numpy as np
 
@@ -147,3 +148,14 @@ def line(r):
     return (f"{r['key']:<8} {r['claim']}: {pts * r['estimate']:+.2f} [{pts * r['lo']:+.2f}, {pts * r['hi']:+.2f}]"
             f"{unit} ({seed_count(len(r['seeds']))}, t({r['df']:.0f}){method}): {r['verdict']} ({r['reading']})"
             f"{detectable}")
+
+
+def tokens_per_forward_line(results, row="mars_B4", tau="0.95"):
+    """A row's tokens/forward at tau on the sweep prompts, mean +- sd over its seeds, as the reports print it
+    beside claim e (None where no seed has that sweep)."""
+    tpf = [sum(r["sweep"][tau]["tokens"]) / sum(r["sweep"][tau]["forwards"]) for r in results
+           if r.get("row") == row and tau in r.get("sweep", {})]
+    if not tpf:
+        return None
+    spread = f" +- {statistics.stdev(tpf):.2f} ({len(tpf)} seeds)" if len(tpf) > 1 else " (1 seed)"
+    return f"         MARS B 4 tokens/forward at tau {tau}: {statistics.mean(tpf):.2f}{spread}"

@@ -113,7 +113,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval, runner  # noqa: E402
-from experiments.claims import difference, line, paired_rows, verdict_row  # noqa: E402
+from experiments.claims import difference, line, paired_rows, tokens_per_forward_line, verdict_row  # noqa: E402
 from experiments.resumable import core_seconds, machine, weights_digest  # noqa: E402
 from experiments.runner import load, recorded  # noqa: E402
 from experiments.runs import Row, data_file, evaluate, provenance, size, train, train_and_evaluate, training  # noqa: E402
@@ -309,11 +309,8 @@ def print_report(results, cfg):
         print(f"  {row:<11} " + "  ".join(f"s{s} {v:.3f}" for s, v in per_seed.items()))
     for r in rows:
         print(line(r))
-    tpf = [sum(r["sweep"]["0.95"]["tokens"]) / sum(r["sweep"]["0.95"]["forwards"]) for r in results
-           if r.get("row") == "mars_B4" and "0.95" in r.get("sweep", {})]
-    if tpf:
-        spread = f" +- {statistics.stdev(tpf):.2f} ({len(tpf)} seeds)" if len(tpf) > 1 else " (1 seed)"
-        print(f"         MARS B 4 tokens/forward at tau 0.95: {statistics.mean(tpf):.2f}{spread}")
+    if tokens_per_forward_line(results):
+        print(tokens_per_forward_line(results))
     for r in sorted((r for r in results if r.get("row") == "long"), key=lambda r: r["epochs"]):
         print(f"long     AR-SFT seed 0, epoch {r['epochs']} of {r['schedule_epochs']}: accuracy "
               f"{r['all']['accuracy']['all']:.3f}, held-out loss {r['held_out_loss'][-1][1]['ar']:.3f}")

@@ -93,7 +93,6 @@ import argparse
 import os
 import random
 import shutil
-import statistics
 import sys
 
 import torch
@@ -101,8 +100,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from experiments import paired, powered_eval, runner  # noqa: E402
-from experiments.claims import (difference, line, paired_rows, paper_figure, reading, seed_count,  # noqa: E402
-                               verdict_row)
+from experiments.claims import (difference, line, paired_rows, paper_figure, reading,  # noqa: E402
+                               tokens_per_forward_line, verdict_row)
 from experiments.resumable import machine, weights_digest  # noqa: E402
 from experiments.runs import (Row, data_file, evaluate, provenance, size, train, train_and_evaluate,  # noqa: E402
                               training, with_held_out)
@@ -356,12 +355,8 @@ def print_report(results, cfg):
     claims, unpaired = report(results, cfg)
     for r in claims:
         print(line(r))
-    tpf = [sum(r["sweep"]["0.95"]["tokens"]) / sum(r["sweep"]["0.95"]["forwards"]) for r in results
-           if r.get("row") == "mars_B4" and "0.95" in r.get("sweep", {})]
-    if tpf:
-        spread = f" +- {statistics.stdev(tpf):.2f}" if len(tpf) > 1 else ""
-        print(f"         MARS B 4 tokens/forward at tau 0.95: {statistics.mean(tpf):.2f}{spread} "
-              f"({seed_count(len(tpf))})")
+    if tokens_per_forward_line(results):
+        print(tokens_per_forward_line(results))
     if unpaired:
         print("left out (parent digest is not the seed's recorded parent): " + ", ".join(unpaired))
 
