@@ -33,8 +33,7 @@ KEYWORD = re.compile(r"\b([a-z_]+)=\"([\w-]+)\"")  # cache="request"
 EXTENSIONS = {"py", "md", "jsonl", "json", "ipynb", "sh", "txt", "png", "pt", "safetensors", "tiktoken", "log"}
 EXTERNAL = re.compile(r"\b(torchrun|pytest|pip|git|jupyter|nbconvert|huggingface-cli|hf)\b")
 WRITTEN_WHEN_NEEDED = {"experiments/competent_grid_superseded.jsonl",  # a runner writes these only to set rows aside
-                       "experiments/sft_on_pretrained_superseded.jsonl",
-                       "experiments/sft_on_pretrained.jsonl"}  # written once the pilot has chosen a setting
+                       "experiments/sft_on_pretrained_superseded.jsonl"}
 
 
 def texts():
