@@ -351,7 +351,11 @@ def print_table(results):
 
 
 def print_report(results, cfg):
-    print_table(results)
+    seeds = sorted({r["seed"] for r in results if "seed" in r})
+    print("accuracy at tau 1 on all held-out prompts (and on the seed's SFT file), per seed, and the held-out mean:")
+    print("| row | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |")
+    for row in grid_rows(results):
+        print("| " + " | ".join(row) + " |")
     claims, unpaired = report(results, cfg)
     for r in claims:
         print(line(r))
@@ -397,10 +401,34 @@ def grid_state(grid, pilot, cfg):
         return "Its runs start from a40b30e once the pilot has chosen a setting; no row of it is in yet."
     names = Plan(cfg, "", "", {}, pilot=False, choice=got["candidate"]).names()
     done = [n for n in names if n in {r["name"] for r in grid}]
+    if len(done) == len(names):
+        return (f"From a40b30e, in the pilot's setting, seed by seed: all {len(names)} of its runs are in (seeds "
+                f"{', '.join(map(str, cfg['seeds']))}), so every claim has its rule's word.")
     return (f"From a40b30e, in the pilot's setting, seed by seed: {len(done)} of its {len(names)} runs are in "
-            f"({', '.join(done) or 'none'}). With fewer than its 5 seeds no line is a verdict: the fine-tuning "
-            "column of the tables above quotes each claim that has rows as interim, and "
+            f"({', '.join(done) or 'none'}). With fewer than its 5 seeds no line is a verdict: the claims table "
+            "below and the fine-tuning column of the tables above quote each claim that has rows as interim, and "
             "`python experiments/sft_on_pretrained.py --report` prints them all.")
+
+
+GRID_ROWS = ("constant", "base", "ar_E", "ar_2E", "mars_B4", "offsets_B4", "bd3lm_B4")
+
+
+def grid_rows(grid):
+    """The grid's accuracy table (docs/paper.md quotes it; tests check it): per row, each seed's greedy accuracy on
+    the 3650 held-out prompts and, in brackets, on the seed's SFT file (the base's too: where fine-tuning starts),
+    then the held-out mean over the seeds that have the row."""
+    runs = {(r["row"], r["seed"]): r for r in grid if "seed" in r}
+    seeds = sorted({s for _, s in runs})
+    def cell(r):
+        sft = next(iter(r["sft"].values()))["accuracy"]["all"] if r.get("sft") else None
+        return f"{r['all']['accuracy']['all']:.3f}" + (f" ({sft:.3f})" if sft is not None else "")
+    out = []
+    for row in GRID_ROWS:
+        have = [runs[row, s] for s in seeds if (row, s) in runs]
+        if have:
+            mean = sum(r["all"]["accuracy"]["all"] for r in have) / len(have)
+            out.append([row] + [cell(runs[row, s]) if (row, s) in runs else "" for s in seeds] + [f"{mean:.3f}"])
+    return out
 
 
 PILOT_HEAD = ["SFT set (kind, n, E)", "AR-SFT E", "AR-SFT 2E", "SFT set E -> 2E", "held-out loss E -> 2E",

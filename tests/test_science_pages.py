@@ -86,9 +86,24 @@ def power_claim(a, b, metric, ta, tb):
 
 
 def named_seeds(named):
-    """ "seed 1" -> range(1, 2); "seeds 1-5" -> range(1, 6)"""
-    first, _, last = named.split(" ")[1].partition("-")
-    return range(int(first), int(last or first) + 1)
+    """ "seed 1" -> [1]; "seeds 1-5" -> [1, 2, 3, 4, 5]; "seeds 1-4,6" -> [1, 2, 3, 4, 6]"""
+    seeds = []
+    for part in named.split(" ")[1].split(","):
+        first, _, last = part.partition("-")
+        seeds += range(int(first), int(last or first) + 1)
+    return seeds
+
+
+def seeds_named(seeds):
+    """named_seeds' inverse: [1, 2, 3, 4, 6] -> "seeds 1-4,6"; [1] -> "seed 1"."""
+    runs = []
+    for s in sorted(seeds):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs]
+    return f"seed{'s' if len(seeds) > 1 else ''} " + ",".join(parts)
 
 
 class Evidence:
@@ -175,7 +190,7 @@ class Evidence:
             a, b = ([[int(c) for c in chunks[int(e)]["all"]["right"]]] for e in m.groups())  # [1 seed][prompts]
             iv = paired.accuracy_difference(a, b)
             return f"{interval_text(iv, 'accuracy')}, one seed", "measured", reading(100 * iv.lo, 100 * iv.hi, None)
-        m = re.fullmatch(r"tokens/forward (\w+)@([\d.]+) (seeds? [\d-]+)", rest)
+        m = re.fullmatch(r"tokens/forward (\w+)@([\d.]+) (seeds? [\d,-]+)", rest)
         if m:  # mean +- sd over the named seeds, on the sweep prompts
             values = [sum(r["sweep"][m[2]]["tokens"]) / sum(r["sweep"][m[2]]["forwards"]) for r in self.results[grid]
                       if r.get("row") == m[1] and r.get("seed") in named_seeds(m[3])]
@@ -288,7 +303,7 @@ def sft_cell(key, evidence):
         return NOT_IN
     rows = evidence.results["sft_on_pretrained"]
     seeds = sorted({r["seed"] for r in rows if r.get("row") == "ar_E"})  # a seed's claims start with its ar_E
-    named = f"seed{'s' if len(seeds) > 1 else ''} {seeds[0]}" + (f"-{seeds[-1]}" if len(seeds) > 1 else "") if seeds else ""
+    named = seeds_named(seeds) if seeds else ""
     reported = {r["key"] for r in evidence.grid_claims("sft_on_pretrained", named)} if seeds else set()
     has_tpf = any(r.get("row") == "mars_B4" and "0.95" in r.get("sweep", {}) for r in rows)
     if key not in reported and not (key == "tokens/forward" and has_tpf):
@@ -302,13 +317,19 @@ def competent_grid_problems(text, evidence):
     rows = [r for h, rs in tables(text).items() if "competent grid" in h.lower() for r in rs]
     if not rows:
         return ["docs/paper.md has no table under a heading naming the competent grid"]
+    return claims_table_problems(rows, evidence, "competent_grid")
+
+
+def claims_table_problems(rows, evidence, grid):
+    """A grid's claims table: each row's span, word and reading against the results, one set of seeds for every
+    row, and a row for every claim the grid's report() gives on those seeds."""
     problems = evidence_problems(rows, evidence)
-    specs = [m for cells in rows for m in re.findall(r"`competent_grid (\w+) (seeds? [\d-]+)`", cells[2])]
+    specs = [m for cells in rows for m in re.findall(rf"`{grid} (\w+) (seeds? [\d,-]+)`", cells[2])]
     named = {seeds for _, seeds in specs}
     if len(named) != 1:
-        return problems + [f"the competent grid's table names {sorted(named)}: one set of seeds for every row"]
-    missing = [r["key"] for r in evidence.grid_claims("competent_grid", named.pop()) if r["key"] not in {k for k, _ in specs}]
-    return problems + [f"the competent grid's table has no row for claim {k}" for k in missing]
+        return problems + [f"the {grid} table names {sorted(named)}: one set of seeds for every row"]
+    missing = [r["key"] for r in evidence.grid_claims(grid, named.pop()) if r["key"] not in {k for k, _ in specs}]
+    return problems + [f"the {grid} table has no row for claim {k}" for k in missing]
 
 
 def long_chunks(grid):
@@ -541,7 +562,7 @@ def test_the_competent_grid_table_matches_the_results(doc, evidence):
 
 def test_the_competent_grid_check_sees_a_wrong_cell_and_a_missing_row(doc, evidence):
     """A changed interval, another verdict word and a dropped claim row each fail."""
-    row = next(line for line in doc.splitlines() if line.startswith("| a: "))
+    row = next(line for line in doc.splitlines() if line.startswith("| a: ") and "`competent_grid" in line)
     number = re.search(r"`: (\S+) \[", row)[1]
     verdict = re.search(r"\| \*\*([^*]+)\*\*", row)[1]
     other = "contradicted" if verdict != "contradicted" else "reproduced"
@@ -747,6 +768,46 @@ def test_the_fine_tuning_pilot_check_sees_a_changed_result(doc):
     e["all"]["right"] = "1" * len(e["all"]["right"])  # one candidate's AR-SFT E answers every prompt right
     e["all"]["accuracy"]["all"] = 1.0
     assert sft_pilot_problems(doc, pilot)
+
+
+SFT_ROWS, SFT_CLAIMS = "The fine-tuning grid's rows, seed by seed", "The fine-tuning grid's claims"
+
+
+def sft_grid_problems(text, evidence):
+    """The fine-tuning grid's two tables: its rows are grid_rows() of its results, with a column per seed; its
+    claims table one row per claim report() gives on the seeds that have an AR-SFT E, each quoted as the results
+    give it, and MARS B 4's tokens/forward at tau 0.95."""
+    grid, found = evidence.results["sft_on_pretrained"], tables(text)
+    problems = [] if found.get(SFT_ROWS) == sft_on_pretrained.grid_rows(grid) else \
+        [f"{SFT_ROWS!r}: its table is not grid_rows() of experiments/sft_on_pretrained.jsonl"]
+    seeds = sorted({r["seed"] for r in grid if "seed" in r})
+    header = next(line for line in sections(text)[SFT_ROWS].splitlines() if line.startswith("|"))
+    if header != "| row | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |":
+        problems.append(f"{SFT_ROWS!r}: its header should name seeds {seeds}, it reads {header!r}")
+    rows = found.get(SFT_CLAIMS, [])
+    named = seeds_named(sorted({r["seed"] for r in grid if r.get("row") == "ar_E"}))
+    tpf = f"sft_on_pretrained tokens/forward mars_B4@0.95 {named}"
+    if not any(f"`{tpf}`" in cells[2] for cells in rows):
+        problems.append(f"{SFT_CLAIMS!r}: no row quotes `{tpf}`")
+    return problems + claims_table_problems(rows, evidence, "sft_on_pretrained")
+
+
+def test_the_fine_tuning_grid_tables_match_the_results(doc, evidence):
+    problems = sft_grid_problems(doc, evidence)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_fine_tuning_grid_check_sees_a_changed_row_and_a_missing_claim(doc, evidence):
+    """A seed's MARS row answering every prompt right changes the rows table and every MARS claim's cell; a claims
+    table without its premise row is flagged."""
+    later = Evidence()
+    run = next(r for r in later.results["sft_on_pretrained"] if r.get("row") == "mars_B4")
+    run["all"] = {**run["all"], "right": "1" * len(run["all"]["right"]),
+                  "accuracy": {**run["all"]["accuracy"], "all": 1.0}}
+    changed = sft_grid_problems(doc, later)
+    assert any("grid_rows()" in p for p in changed) and any("`sft_on_pretrained a " in p for p in changed)
+    premise = next(line for line in doc.splitlines() if line.startswith("| premise:") and "`sft_on_pretrained" in line)
+    assert any("no row for claim premise" in p for p in sft_grid_problems(doc.replace(premise + "\n", ""), evidence))
 
 
 def test_the_fine_tuning_grid_section_says_how_far_it_is(doc):
