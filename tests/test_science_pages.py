@@ -815,3 +815,18 @@ def test_the_fine_tuning_grid_section_says_how_far_it_is(doc):
     grid = load("sft_on_pretrained.jsonl") if os.path.exists(os.path.join(RESULTS, "sft_on_pretrained.jsonl")) else []
     state = sft_on_pretrained.grid_state(grid, load("sft_on_pretrained_pilot.jsonl"), sft_on_pretrained.FULL)
     assert state in " ".join(sections(doc)["The grid"].split())
+    complete = "so every claim has its rule's word" in state  # the what-holds-now intro says the same
+    holds_now = " ".join(sections(doc)["What holds now"].split())
+    assert ("whose grid is under way: its cells are interim" in holds_now) != complete
+    assert ("its 5 seeds are all in" in holds_now) == complete
+
+
+def test_the_fine_tuning_grids_measured_cost_matches_its_results(doc):
+    """The grid's section quotes the core-hours of the pilot's and of the grid's runs, and every CPU they ran on."""
+    text = " ".join(sections(doc)["The grid"].split())
+    for name in ("sft_on_pretrained_pilot.jsonl", "sft_on_pretrained.jsonl"):
+        runs = load(name)
+        hours = f"{sum(r['core_seconds'] for r in runs) / 3600:.1f} core-hours ({len(runs)} runs"
+        assert hours in text, (name, hours)
+        for cpu in {(r["machine"]["cpu_family"], r["machine"]["cpu_model"]) for r in runs}:
+            assert "family {} model {}".format(*cpu) in text, cpu
