@@ -654,7 +654,7 @@ def test_the_no_sft_rows_are_below_their_parent_on_every_seed_where_the_page_say
 # The README's research lines, each with the spans whose word and reading it quotes (the intervals stay in paper.md)
 README_LINES = (("power_grid mars_B4@1 - ar_E@1",), ("competent_grid a seeds 1-5", "competent_grid b seeds 1-5"),
                 ("competent_grid d seeds 1-5", "competent_grid d_ar seeds 1-5"), ("competent_grid e seeds 1-5",),
-                ("sft_on_pretrained pilot math500_E4",))
+                ("sft_on_pretrained premise seeds 1-4,6", "sft_on_pretrained b seeds 1-4,6"))
 
 
 def readme_problems(readme, evidence):
@@ -681,7 +681,8 @@ def test_results_md_quotes_tau_095s_cost_as_the_competent_grid_reads_it(evidence
 
 def test_the_readme_science_lines_match_the_results(evidence):
     """The README's five science lines quote, in plain words and each claim's word and reading, the powered grid's
-    headline claim and the competent grid's a, b, d, d_ar and e, each recomputed here."""
+    headline claim, the competent grid's a, b, d, d_ar and e, and the fine-tuning grid's premise and b, each
+    recomputed here."""
     problems = readme_problems(open(os.path.join(ROOT, "README.md")).read(), evidence)
     assert not problems, "\n".join(problems)
 
@@ -830,3 +831,45 @@ def test_the_fine_tuning_grids_measured_cost_matches_its_results(doc):
         assert hours in text, (name, hours)
         for cpu in {(r["machine"]["cpu_family"], r["machine"]["cpu_model"]) for r in runs}:
             assert "family {} model {}".format(*cpu) in text, cpu
+
+
+def sft_sentence_problems(text, grid, evidence):
+    """The plain words around the fine-tuning grid's spans, each against the results: (phrase on the page, whether
+    the results carry it)."""
+    runs = {(r["row"], r["seed"]): r for r in grid if "seed" in r}
+    seeds = sorted(s for row, s in runs if row == "ar_E")
+    sft = lambda row, s: next(iter(runs[row, s]["sft"].values()))["accuracy"]["all"]  # noqa: E731
+    tpf = lambda r: sum(r["sweep"]["0.95"]["tokens"]) / sum(r["sweep"]["0.95"]["forwards"])  # noqa: E731
+    named = seeds_named(seeds)
+    word = lambda key: evidence(f"sft_on_pretrained {key} {named}")[1]  # noqa: E731
+    below = lambda key: next(r for r in evidence.grid_claims("sft_on_pretrained", named) if r["key"] == key)["hi"] < 0  # noqa: E731
+    mars = [runs["mars_B4", s] for s in seeds]
+    facts = {
+        "while its accuracy on its own SFT file rises from E to 2E on every seed":
+            all(sft("ar_2E", s) > sft("ar_E", s) for s in seeds),
+        "It is below its parent on its own SFT file too, on every seed": all(sft("mars_B4", s) < sft("ar_E", s) for s in seeds),
+        "60 optimizer steps": all(r["steps"] == 60 for r in mars),
+        "on every seed the noisy track's held-out loss was still falling at its last epoch":
+            all(r["held_out_loss"][-1][1]["noisy"] < r["held_out_loss"][-2][1]["noisy"] for r in mars),
+        "is below the paper's 1.46 on every seed": all(tpf(r) < 1.46 for r in mars),
+        f"the premise is {word('premise')} and MARS falls below both AR controls": below("a") and below("b"),
+        f"the paper's headline comparison, in its own setting, is {word('b')} here": True,
+    }
+    flat = " ".join(text.split())
+    return [f"{phrase!r}: " + ("not on the page" if phrase not in flat else "the results do not carry it")
+            for phrase, holds in facts.items() if phrase not in flat or not holds]
+
+
+def test_the_fine_tuning_grids_plain_words_match_the_results(doc, evidence):
+    problems = sft_sentence_problems(doc, evidence.results["sft_on_pretrained"], evidence)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_fine_tuning_plain_words_check_sees_a_changed_result(doc, evidence):
+    """A MARS row whose noisy loss rose at its last epoch, or whose SFT-file accuracy beat its parent's, is flagged."""
+    grid = json.loads(json.dumps(evidence.results["sft_on_pretrained"]))
+    mars = next(r for r in grid if r.get("row") == "mars_B4")
+    mars["held_out_loss"][-1][1]["noisy"] = 9.0
+    next(iter(mars["sft"].values()))["accuracy"]["all"] = 1.0
+    problems = sft_sentence_problems(doc, grid, evidence)
+    assert len(problems) == 2, problems
