@@ -296,15 +296,21 @@ def regime_row_problems(cells, evidence):
     return problems
 
 
+def sft_named(rows):
+    """The fine-tuning grid's seeds that have an AR-SFT E (a seed's claims start with it), named as the page names
+    them ("seeds 1-4,6"); "" while there are none."""
+    seeds = sorted({r["seed"] for r in rows if r.get("row") == "ar_E"})
+    return seeds_named(seeds) if seeds else ""
+
+
 def sft_cell(key, evidence):
     """What the fine-tuning grid's cell says where it has no span: the competent grid's claim `key` (None: none)
     is NOT_IN its protocol, NO_RESULTS while its report has no line for it, else it must be a span."""
     if key not in SFT_KEYS:
         return NOT_IN
     rows = evidence.results["sft_on_pretrained"]
-    seeds = sorted({r["seed"] for r in rows if r.get("row") == "ar_E"})  # a seed's claims start with its ar_E
-    named = seeds_named(seeds) if seeds else ""
-    reported = {r["key"] for r in evidence.grid_claims("sft_on_pretrained", named)} if seeds else set()
+    named = sft_named(rows)
+    reported = {r["key"] for r in evidence.grid_claims("sft_on_pretrained", named)} if named else set()
     has_tpf = any(r.get("row") == "mars_B4" and "0.95" in r.get("sweep", {}) for r in rows)
     if key not in reported and not (key == "tokens/forward" and has_tpf):
         return NO_RESULTS
@@ -786,8 +792,7 @@ def sft_grid_problems(text, evidence):
     if header != "| row | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |":
         problems.append(f"{SFT_ROWS!r}: its header should name seeds {seeds}, it reads {header!r}")
     rows = found.get(SFT_CLAIMS, [])
-    named = seeds_named(sorted({r["seed"] for r in grid if r.get("row") == "ar_E"}))
-    tpf = f"sft_on_pretrained tokens/forward mars_B4@0.95 {named}"
+    tpf = f"sft_on_pretrained tokens/forward mars_B4@0.95 {sft_named(grid)}"
     if not any(f"`{tpf}`" in cells[2] for cells in rows):
         problems.append(f"{SFT_CLAIMS!r}: no row quotes `{tpf}`")
     return problems + claims_table_problems(rows, evidence, "sft_on_pretrained")
@@ -837,10 +842,9 @@ def sft_sentence_problems(text, grid, evidence):
     """The plain words around the fine-tuning grid's spans, each against the results: (phrase on the page, whether
     the results carry it)."""
     runs = {(r["row"], r["seed"]): r for r in grid if "seed" in r}
-    seeds = sorted(s for row, s in runs if row == "ar_E")
+    seeds, named = sorted(s for row, s in runs if row == "ar_E"), sft_named(grid)
     sft = lambda row, s: next(iter(runs[row, s]["sft"].values()))["accuracy"]["all"]  # noqa: E731
     tpf = lambda r: sum(r["sweep"]["0.95"]["tokens"]) / sum(r["sweep"]["0.95"]["forwards"])  # noqa: E731
-    named = seeds_named(seeds)
     word = lambda key: evidence(f"sft_on_pretrained {key} {named}")[1]  # noqa: E731
     below = lambda key: next(r for r in evidence.grid_claims("sft_on_pretrained", named) if r["key"] == key)["hi"] < 0  # noqa: E731
     mars = [runs["mars_B4", s] for s in seeds]
